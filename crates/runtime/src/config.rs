@@ -1,0 +1,345 @@
+//! Configuration shared by every kvmesh binary: the common option groups, strict boolean parsing,
+//! `--dump-config-to`, and the checks that keep environment names unique.
+//!
+//! Every option is a clap argument with an environment variable, so the precedence is CLI, then
+//! environment, then default. Invalid values stop start-up with clap's one-line error naming the
+//! flag (exit status 2).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, Command, ValueEnum};
+
+use crate::telemetry::LogFormat;
+use crate::{Error, Result};
+
+/// Environment variable names, one place for all of them.
+pub mod env {
+    /// Discovery backend.
+    pub const DISCOVERY_BACKEND: &str = "DYN_DISCOVERY_BACKEND";
+    /// Request plane.
+    pub const REQUEST_PLANE: &str = "DYN_REQUEST_PLANE";
+    /// Event plane.
+    pub const EVENT_PLANE: &str = "DYN_EVENT_PLANE";
+    /// etcd endpoints, comma separated.
+    pub const ETCD_ENDPOINTS: &str = "ETCD_ENDPOINTS";
+    /// NATS server URL.
+    pub const NATS_SERVER: &str = "NATS_SERVER";
+    /// Root directory of the file discovery backend.
+    pub const FILE_KV: &str = "DYN_FILE_KV";
+    /// Retention of the KV event stream, seconds.
+    pub const NATS_STREAM_MAX_AGE: &str = "DYN_NATS_STREAM_MAX_AGE";
+    /// Number of KV event partitions.
+    pub const KV_PARTITIONS: &str = "KVMESH_KV_PARTITIONS";
+    /// Log format.
+    pub const LOG_FORMAT: &str = "KVMESH_LOG_FORMAT";
+    /// Where to write the resolved configuration.
+    pub const DUMP_CONFIG_TO: &str = "DYN_DUMP_CONFIG_TO";
+    /// Host internal gRPC servers bind to.
+    pub const TCP_RPC_HOST: &str = "DYN_TCP_RPC_HOST";
+    /// Port internal gRPC servers bind to (0 = any).
+    pub const TCP_RPC_PORT: &str = "DYN_TCP_RPC_PORT";
+}
+
+/// Where processes find each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DiscoveryBackend {
+    /// etcd with leases: many hosts.
+    Etcd,
+    /// Files in a shared directory: one host, many processes.
+    File,
+    /// In-process memory: one process (`kvmesh up`).
+    Mem,
+    /// Kubernetes endpoints (not yet supported: refuses to start).
+    Kubernetes,
+}
+
+/// How requests reach workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RequestPlane {
+    /// gRPC over TCP (tonic).
+    Tcp,
+    /// NATS request plane (not yet supported: refuses to start).
+    Nats,
+}
+
+/// How events (KV events, load) travel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EventPlaneKind {
+    /// NATS with JetStream (in-process when discovery is `mem`).
+    Nats,
+    /// ZMQ event plane (not yet supported: refuses to start).
+    Zmq,
+}
+
+/// Options every kvmesh process shares: discovery, planes, logging, configuration dump.
+#[derive(Debug, Clone, Args)]
+pub struct RuntimeOpts {
+    /// Discovery backend: etcd (multi-host), file (one host), mem (one process).
+    #[arg(long, env = env::DISCOVERY_BACKEND, value_enum, default_value = "etcd")]
+    pub discovery_backend: DiscoveryBackend,
+
+    /// Request plane; `tcp` is gRPC over TCP.
+    #[arg(long, env = env::REQUEST_PLANE, value_enum, default_value = "tcp")]
+    pub request_plane: RequestPlane,
+
+    /// Event plane; unset picks NATS (in-process with mem discovery).
+    #[arg(long, env = env::EVENT_PLANE, value_enum)]
+    pub event_plane: Option<EventPlaneKind>,
+
+    /// etcd endpoints, comma separated.
+    #[arg(long, env = env::ETCD_ENDPOINTS, default_value = "http://localhost:2379", value_delimiter = ',')]
+    pub etcd_endpoints: Vec<String>,
+
+    /// NATS server URL.
+    #[arg(long, env = env::NATS_SERVER, default_value = "nats://localhost:4222")]
+    pub nats_server: String,
+
+    /// Root directory of the file discovery backend (default `$TMPDIR/dynamo_store_kv`).
+    #[arg(long, env = env::FILE_KV)]
+    pub file_kv: Option<PathBuf>,
+
+    /// Retention of the KV event stream in seconds.
+    #[arg(long, env = env::NATS_STREAM_MAX_AGE, default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..))]
+    pub nats_stream_max_age: u64,
+
+    /// KV event partitions P (fixed for the life of a namespace).
+    #[arg(long, env = env::KV_PARTITIONS, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub kv_partitions: u32,
+
+    /// Log line format.
+    #[arg(long, env = env::LOG_FORMAT, value_enum, default_value = "human")]
+    pub log_format: LogFormat,
+
+    /// Write every resolved option, its value and its source as JSON to this file, then go on.
+    #[arg(long, env = env::DUMP_CONFIG_TO)]
+    pub dump_config_to: Option<PathBuf>,
+
+    /// Host that internal gRPC servers bind to and advertise.
+    #[arg(long, env = env::TCP_RPC_HOST, default_value = "127.0.0.1")]
+    pub tcp_rpc_host: String,
+
+    /// Port of this process's internal gRPC server (0 = any free port).
+    #[arg(long, env = env::TCP_RPC_PORT, default_value_t = 0)]
+    pub tcp_rpc_port: u16,
+}
+
+impl RuntimeOpts {
+    /// Refuses choices that are parsed for compatibility but not implemented yet.
+    pub fn validate(&self) -> Result<()> {
+        if self.discovery_backend == DiscoveryBackend::Kubernetes {
+            return Err(Error::Config(
+                "--discovery-backend (DYN_DISCOVERY_BACKEND): kubernetes is not supported yet"
+                    .into(),
+            ));
+        }
+        if self.request_plane == RequestPlane::Nats {
+            return Err(Error::Config(
+                "--request-plane (DYN_REQUEST_PLANE): nats is not supported yet; use tcp".into(),
+            ));
+        }
+        if self.event_plane == Some(EventPlaneKind::Zmq) {
+            return Err(Error::Config(
+                "--event-plane (DYN_EVENT_PLANE): zmq is not supported yet; use nats".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Root of the file discovery backend.
+    pub fn file_kv_root(&self) -> PathBuf {
+        self.file_kv
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join("dynamo_store_kv"))
+    }
+}
+
+/// Strict boolean parser for flags and their environment variables: `1 true yes on` and
+/// `0 false no off`, case-insensitive; anything else is an error.
+pub fn parse_bool(value: &str) -> std::result::Result<bool, String> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        other => Err(format!(
+            "expected one of 1 true yes on 0 false no off, got {other:?}"
+        )),
+    }
+}
+
+/// Whether a "truthy" switch value is set (`1 true yes on`, case-insensitive).
+pub fn is_truthy(value: &str) -> bool {
+    matches!(parse_bool(value), Ok(true))
+}
+
+/// Whether an environment switch is truthy.
+pub fn env_truthy(name: &str) -> bool {
+    std::env::var(name).map(|v| is_truthy(&v)).unwrap_or(false)
+}
+
+/// Reads an optional numeric environment variable, naming it in the error.
+pub fn env_number<T: std::str::FromStr>(name: &str) -> Result<Option<T>> {
+    match std::env::var(name) {
+        Ok(value) if !value.trim().is_empty() => value
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| Error::Config(format!("{name}: not a valid number: {value:?}"))),
+        _ => Ok(None),
+    }
+}
+
+/// Resolves a negatable boolean flag pair (`--x` / `--no-x`).
+pub fn negatable(value: bool, negated: bool) -> bool {
+    value && !negated
+}
+
+/// Checks that no two arguments of `command` read the same environment variable.
+pub fn check_unique_env(command: &Command) -> std::result::Result<(), String> {
+    let mut seen = BTreeMap::new();
+    for arg in command.get_arguments() {
+        if let Some(name) = arg.get_env().and_then(|name| name.to_str())
+            && let Some(previous) = seen.insert(name.to_string(), arg.get_id().to_string())
+        {
+            return Err(format!(
+                "{name} is read by both --{previous} and --{}",
+                arg.get_id()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Writes every argument's resolved value and source (`cli`, `env`, `default`) as JSON.
+pub fn dump_config(command: &Command, matches: &ArgMatches, path: &Path) -> Result<()> {
+    let mut options = serde_json::Map::new();
+    for arg in command.get_arguments() {
+        let id = arg.get_id().as_str();
+        if id == "help" || id == "version" {
+            continue;
+        }
+        let source = match matches.value_source(id) {
+            Some(ValueSource::CommandLine) => "cli",
+            Some(ValueSource::EnvVariable) => "env",
+            _ => "default",
+        };
+        let values: Vec<String> = matches
+            .get_raw(id)
+            .map(|raw| raw.map(|v| v.to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        let value = match values.len() {
+            0 => serde_json::Value::Null,
+            1 if arg.get_num_args().is_none_or(|n| n.max_values() <= 1) => {
+                serde_json::Value::String(values[0].clone())
+            }
+            _ => serde_json::Value::from(values),
+        };
+        let mut entry = serde_json::Map::new();
+        entry.insert("value".into(), value);
+        entry.insert("source".into(), source.into());
+        if let Some(env) = arg.get_env().and_then(|e| e.to_str()) {
+            entry.insert("env".into(), env.into());
+        }
+        options.insert(arg.get_long().unwrap_or(id).to_string(), entry.into());
+    }
+    let text = serde_json::to_string_pretty(&serde_json::Value::Object(options))
+        .map_err(|e| Error::Config(format!("--dump-config-to: {e}")))?;
+    std::fs::write(path, text)
+        .map_err(|e| Error::Config(format!("--dump-config-to {}: {e}", path.display())))
+}
+
+/// Parses `T` from the process arguments and environment, exits with status 2 and one line on an
+/// invalid value, and honours `--dump-config-to` (read from the parsed `RuntimeOpts`).
+pub fn parse_args<T: clap::Parser>(runtime: impl Fn(&T) -> &RuntimeOpts) -> T {
+    parse_from(std::env::args_os(), runtime)
+}
+
+/// [`parse_args`] over explicit arguments (tests, `kvmesh up`).
+pub fn parse_from<T: clap::Parser, I, S>(args: I, runtime: impl Fn(&T) -> &RuntimeOpts) -> T
+where
+    I: IntoIterator<Item = S>,
+    S: Into<std::ffi::OsString> + Clone,
+{
+    let command = T::command();
+    let matches = command.clone().get_matches_from(args);
+    let opts = match T::from_arg_matches(&matches) {
+        Ok(opts) => opts,
+        Err(error) => error.exit(),
+    };
+    let runtime = runtime(&opts);
+    if let Err(error) = runtime.validate() {
+        exit_config_error(&error.to_string());
+    }
+    if let Some(path) = &runtime.dump_config_to
+        && let Err(error) = dump_config(&command, &matches, path)
+    {
+        exit_config_error(&error.to_string());
+    }
+    opts
+}
+
+/// Prints one `error: ...` line and exits with status 2, as clap does for invalid values.
+pub fn exit_config_error(message: &str) -> ! {
+    eprintln!("error: {message}");
+    std::process::exit(2)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct TestOpts {
+        #[command(flatten)]
+        runtime: RuntimeOpts,
+        #[arg(long, env = "KVMESH_TEST_ONLY_PORT", default_value_t = 8000)]
+        port: u16,
+    }
+
+    #[test]
+    fn bools_are_strict() {
+        assert_eq!(parse_bool("YES"), Ok(true));
+        assert_eq!(parse_bool("off"), Ok(false));
+        assert!(parse_bool("maybe").is_err());
+        assert!(is_truthy("1"));
+        assert!(!is_truthy("nope"));
+    }
+
+    #[test]
+    fn env_names_are_unique() {
+        check_unique_env(&TestOpts::command()).unwrap();
+    }
+
+    #[test]
+    fn dump_reports_sources() {
+        let command = TestOpts::command();
+        let matches = command
+            .clone()
+            .try_get_matches_from(["x", "--port", "9000", "--discovery-backend", "mem"])
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.json");
+        dump_config(&command, &matches, &path).unwrap();
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(json["port"]["value"], "9000");
+        assert_eq!(json["port"]["source"], "cli");
+        assert_eq!(json["discovery-backend"]["value"], "mem");
+        assert_eq!(json["kv-partitions"]["source"], "default");
+        assert_eq!(json["kv-partitions"]["value"], "16");
+        assert_eq!(json["etcd-endpoints"]["env"], "ETCD_ENDPOINTS");
+    }
+
+    #[test]
+    fn unsupported_planes_are_refused() {
+        let opts = TestOpts::try_parse_from(["x", "--request-plane", "nats"]).unwrap();
+        let error = opts.runtime.validate().unwrap_err().to_string();
+        assert!(error.contains("--request-plane"), "{error}");
+        assert!(TestOpts::try_parse_from(["x", "--kv-partitions", "0"]).is_err());
+    }
+}

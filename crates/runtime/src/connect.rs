@@ -1,0 +1,73 @@
+//! Turns the shared runtime options into live backends, so every binary (and `kvmesh up`, which
+//! shares one in-memory store and event plane between its embedded services) connects the same way.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::Result;
+use crate::config::{DiscoveryBackend, RuntimeOpts};
+use crate::discovery::Discovery;
+use crate::discovery::etcd::EtcdDiscovery;
+use crate::discovery::file::FileDiscovery;
+use crate::discovery::mem::{MemDiscovery, MemStore};
+use crate::event_plane::EventPlane;
+use crate::event_plane::mem::MemEventPlane;
+use crate::event_plane::nats::NatsEventPlane;
+
+/// Lease TTL of registrations (etcd lease, file heartbeat expiry).
+pub const LEASE_TTL: Duration = Duration::from_secs(10);
+
+/// In-process backends shared by the services that `kvmesh up` runs in one process.
+#[derive(Clone, Default)]
+pub struct Embedded {
+    /// The shared discovery store; each service gets its own handle (its own instance id).
+    pub store: MemStore,
+    /// The shared in-process event plane.
+    pub events: Arc<MemEventPlane>,
+}
+
+impl Embedded {
+    /// Creates an empty store and event plane.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+/// Connects a discovery handle for one registering process (or one embedded service).
+pub async fn discovery(
+    opts: &RuntimeOpts,
+    embedded: Option<&Embedded>,
+) -> Result<Arc<dyn Discovery>> {
+    Ok(match opts.discovery_backend {
+        DiscoveryBackend::Mem => match embedded {
+            Some(embedded) => Arc::new(MemDiscovery::new(&embedded.store)),
+            None => Arc::new(MemDiscovery::new(&MemStore::new())),
+        },
+        DiscoveryBackend::File => {
+            Arc::new(FileDiscovery::with_ttl(opts.file_kv_root(), LEASE_TTL)?)
+        }
+        DiscoveryBackend::Etcd => {
+            Arc::new(EtcdDiscovery::connect_with_ttl(&opts.etcd_endpoints, LEASE_TTL).await?)
+        }
+        DiscoveryBackend::Kubernetes => {
+            return Err(crate::Error::Config(
+                "--discovery-backend (DYN_DISCOVERY_BACKEND): kubernetes is not supported yet"
+                    .into(),
+            ));
+        }
+    })
+}
+
+/// Connects the event plane: in-process with mem discovery, NATS otherwise.
+pub async fn event_plane(
+    opts: &RuntimeOpts,
+    embedded: Option<&Embedded>,
+) -> Result<Arc<dyn EventPlane>> {
+    if opts.discovery_backend == DiscoveryBackend::Mem {
+        return Ok(match embedded {
+            Some(embedded) => embedded.events.clone(),
+            None => Arc::new(MemEventPlane::new()),
+        });
+    }
+    Ok(Arc::new(NatsEventPlane::connect(&opts.nats_server).await?))
+}

@@ -1,0 +1,14 @@
+//! What every kvmesh process shares: discovery, the event plane, configuration, telemetry,
+//! errors and graceful shutdown.
+
+pub mod config;
+pub mod connect;
+pub mod discovery;
+pub mod error;
+pub mod event_plane;
+pub mod names;
+pub mod shutdown;
+pub mod telemetry;
+pub mod worker_client;
+
+pub use error::{Error, ErrorCode, Result};

@@ -1,0 +1,58 @@
+//! Logging and metrics set-up shared by every binary.
+
+use std::sync::OnceLock;
+
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::format::FmtSpan;
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Human,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
+/// Installs the global tracing subscriber once. The level comes from `DYN_LOG`, else `RUST_LOG`,
+/// else `info`. `DYN_LOGGING_JSONL` truthy forces JSON lines, as in Dynamo.
+pub fn init_tracing(format: LogFormat) {
+    static INSTALLED: OnceLock<()> = OnceLock::new();
+    INSTALLED.get_or_init(|| {
+        let filter = std::env::var("DYN_LOG")
+            .ok()
+            .or_else(|| std::env::var("RUST_LOG").ok())
+            .and_then(|spec| EnvFilter::try_new(spec).ok())
+            .unwrap_or_else(|| EnvFilter::new("info"));
+        let json = format == LogFormat::Json
+            || std::env::var("DYN_LOGGING_JSONL")
+                .map(|v| crate::config::is_truthy(&v))
+                .unwrap_or(false);
+        let builder = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_span_events(FmtSpan::NONE)
+            .with_writer(std::io::stderr);
+        let result = if json {
+            builder.json().flatten_event(true).try_init()
+        } else {
+            builder
+                .with_ansi(std::env::var_os("NO_COLOR").is_none())
+                .try_init()
+        };
+        if let Err(error) = result {
+            eprintln!("tracing already installed: {error}");
+        }
+    });
+}
+
+/// Renders a Prometheus registry in the text exposition format.
+pub fn encode_metrics(registry: &prometheus::Registry) -> String {
+    use prometheus::Encoder;
+    let mut buffer = Vec::with_capacity(8 * 1024);
+    let encoder = prometheus::TextEncoder::new();
+    if let Err(error) = encoder.encode(&registry.gather(), &mut buffer) {
+        tracing::warn!(%error, "metrics encoding failed");
+    }
+    String::from_utf8(buffer).unwrap_or_default()
+}

@@ -1,0 +1,288 @@
+//! Runs the discovery conformance suite against every backend: memory, files (a temp dir) and a
+//! real etcd from `ETCD_ENDPOINTS`. Without `ETCD_ENDPOINTS` the etcd tests fail, unless
+//! `KVMESH_SKIP_EXTERNAL=1` says to skip them.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use kvmesh_runtime::discovery::conformance::{self as suite, Crash};
+use kvmesh_runtime::discovery::etcd::{EtcdDiscovery, parse_endpoints};
+use kvmesh_runtime::discovery::file::FileDiscovery;
+use kvmesh_runtime::discovery::mem::MemStore;
+use kvmesh_runtime::discovery::{Discovery, WatchEvent};
+use kvmesh_runtime::{Error, Result};
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+type Open = Box<dyn Fn() -> BoxFuture<Result<Arc<dyn Discovery>>> + Send + Sync>;
+type OpenCrashable = Box<dyn Fn() -> BoxFuture<Result<(Arc<dyn Discovery>, Crash)>> + Send + Sync>;
+
+/// Deadline for a crashed handle's keys to disappear: TTL (2-3 s) plus generous slack.
+const EXPIRY_DEADLINE: Duration = Duration::from_secs(15);
+
+/// The etcd endpoints, `None` to skip, or a panic when etcd is required but not configured.
+fn etcd_endpoints() -> Option<Vec<String>> {
+    match std::env::var("ETCD_ENDPOINTS") {
+        Ok(list) if !list.trim().is_empty() => Some(parse_endpoints(&list)),
+        _ if std::env::var("KVMESH_SKIP_EXTERNAL").as_deref() == Ok("1") => {
+            eprintln!("skipping etcd test: ETCD_ENDPOINTS not set and KVMESH_SKIP_EXTERNAL=1");
+            None
+        }
+        _ => panic!(
+            "ETCD_ENDPOINTS is not set: the etcd conformance tests need a real etcd \
+             (e.g. ETCD_ENDPOINTS=http://127.0.0.1:2379), or set KVMESH_SKIP_EXTERNAL=1 to skip them"
+        ),
+    }
+}
+
+fn mem_open() -> Option<Open> {
+    let store = MemStore::new();
+    Some(Box::new(move || {
+        let handle: Arc<dyn Discovery> = Arc::new(store.handle());
+        Box::pin(async move { Ok(handle) })
+    }))
+}
+
+fn mem_open_crashable() -> Option<OpenCrashable> {
+    let store = MemStore::new();
+    Some(Box::new(move || {
+        let handle = Arc::new(store.handle());
+        let crashing = Arc::clone(&handle);
+        let crash: Crash = Box::new(move || crashing.abort_keepalive());
+        Box::pin(async move { Ok((handle as Arc<dyn Discovery>, crash)) })
+    }))
+}
+
+fn file_open() -> Option<Open> {
+    let dir = Arc::new(tempfile::tempdir().ok()?);
+    Some(Box::new(move || {
+        let dir = Arc::clone(&dir);
+        Box::pin(async move {
+            let handle: Arc<dyn Discovery> = Arc::new(FileDiscovery::new(dir.path())?);
+            Ok(handle)
+        })
+    }))
+}
+
+fn file_open_crashable() -> Option<OpenCrashable> {
+    let dir = Arc::new(tempfile::tempdir().ok()?);
+    Some(Box::new(move || {
+        let dir = Arc::clone(&dir);
+        Box::pin(async move {
+            let handle = Arc::new(FileDiscovery::with_ttl(dir.path(), Duration::from_secs(2))?);
+            let crashing = Arc::clone(&handle);
+            let crash: Crash = Box::new(move || crashing.abort_keepalive());
+            Ok((handle as Arc<dyn Discovery>, crash))
+        })
+    }))
+}
+
+fn etcd_open() -> Option<Open> {
+    let endpoints = etcd_endpoints()?;
+    Some(Box::new(move || {
+        let endpoints = endpoints.clone();
+        Box::pin(async move {
+            let handle: Arc<dyn Discovery> = Arc::new(EtcdDiscovery::connect(&endpoints).await?);
+            Ok(handle)
+        })
+    }))
+}
+
+fn etcd_open_crashable() -> Option<OpenCrashable> {
+    let endpoints = etcd_endpoints()?;
+    Some(Box::new(move || {
+        let endpoints = endpoints.clone();
+        Box::pin(async move {
+            let ttl = Duration::from_secs(3);
+            let handle = Arc::new(EtcdDiscovery::connect_with_ttl(&endpoints, ttl).await?);
+            let crashing = Arc::clone(&handle);
+            let crash: Crash = Box::new(move || crashing.abort_keepalive());
+            Ok((handle as Arc<dyn Discovery>, crash))
+        })
+    }))
+}
+
+macro_rules! discovery_suite {
+    ($backend:ident, $open:ident, $open_crashable:ident) => {
+        mod $backend {
+            use super::*;
+
+            #[tokio::test]
+            async fn put_list_delete() -> Result<()> {
+                let Some(open) = $open() else { return Ok(()) };
+                suite::put_list_delete(open, &suite::unique_prefix(stringify!($backend))).await
+            }
+
+            #[tokio::test]
+            async fn values_round_trip() -> Result<()> {
+                let Some(open) = $open() else { return Ok(()) };
+                suite::values_round_trip(open, &suite::unique_prefix(stringify!($backend))).await
+            }
+
+            #[tokio::test]
+            async fn watch_existing_then_changes() -> Result<()> {
+                let Some(open) = $open() else { return Ok(()) };
+                let prefix = suite::unique_prefix(stringify!($backend));
+                suite::watch_existing_then_changes(open, &prefix).await
+            }
+
+            #[tokio::test]
+            async fn burst_of_puts_is_seen_once() -> Result<()> {
+                let Some(open) = $open() else { return Ok(()) };
+                let prefix = suite::unique_prefix(stringify!($backend));
+                suite::burst_of_puts_is_seen_once(open, &prefix).await
+            }
+
+            #[tokio::test]
+            async fn revoke_removes_all_keys() -> Result<()> {
+                let Some(open) = $open() else { return Ok(()) };
+                let prefix = suite::unique_prefix(stringify!($backend));
+                suite::revoke_removes_all_keys(open, &prefix).await
+            }
+
+            #[tokio::test]
+            async fn expiry_after_crash() -> Result<()> {
+                let Some(open) = $open_crashable() else {
+                    return Ok(());
+                };
+                let prefix = suite::unique_prefix(stringify!($backend));
+                suite::expiry_after_crash(open, &prefix, EXPIRY_DEADLINE).await
+            }
+
+            #[tokio::test]
+            async fn registry_round_trip() -> Result<()> {
+                let Some(open) = $open() else { return Ok(()) };
+                let namespace = suite::unique_namespace(stringify!($backend));
+                suite::registry_round_trip(open, &namespace).await
+            }
+        }
+    };
+}
+
+discovery_suite!(mem, mem_open, mem_open_crashable);
+discovery_suite!(file, file_open, file_open_crashable);
+discovery_suite!(etcd, etcd_open, etcd_open_crashable);
+
+/// etcd only: when the lease is revoked behind the process's back, `lease_lost` fires and puts
+/// fail, so the process knows to stop serving.
+#[tokio::test]
+async fn etcd_lease_revoked_elsewhere_is_lease_lost() -> Result<()> {
+    let Some(endpoints) = etcd_endpoints() else {
+        return Ok(());
+    };
+    let discovery = EtcdDiscovery::connect_with_ttl(&endpoints, Duration::from_secs(3)).await?;
+    let key = format!("{}k", suite::unique_prefix("etcd-lost"));
+    discovery.put(&key, Bytes::from_static(b"v")).await?;
+    let mut lease_client = discovery.client().lease_client();
+    let lease_id =
+        i64::try_from(discovery.instance_id()).map_err(|e| Error::Discovery(e.to_string()))?;
+    lease_client
+        .revoke(lease_id)
+        .await
+        .map_err(|e| Error::Discovery(e.to_string()))?;
+    tokio::time::timeout(Duration::from_secs(15), discovery.lease_lost().cancelled())
+        .await
+        .map_err(|_| Error::Discovery("lease_lost not cancelled within 15 s".into()))?;
+    assert!(matches!(
+        discovery.put(&key, Bytes::from_static(b"again")).await,
+        Err(Error::LeaseLost)
+    ));
+    assert!(
+        discovery.list(&key).await?.is_empty(),
+        "revoked lease's key is gone"
+    );
+    Ok(())
+}
+
+/// Two file handles on one root: the watcher sees a value written by the other "process" even
+/// when the file changes in place several times between scans.
+#[tokio::test]
+async fn file_watch_values_only_move_forward_through_quick_rewrites() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let writer = FileDiscovery::new(dir.path())?;
+    let reader = FileDiscovery::new(dir.path())?;
+    let prefix = suite::unique_prefix("file-rewrite");
+    let key = format!("{prefix}k");
+    let mut watch = reader.watch(&prefix).await?;
+    for index in 0..20 {
+        writer.put(&key, Bytes::from(format!("v{index}"))).await?;
+    }
+    // Each reported value must be newer than the last, ending at v19.
+    let mut last = -1;
+    while last < 19 {
+        match suite::next_event(&mut watch, "rewrite").await {
+            WatchEvent::Put { value, .. } => {
+                let text = String::from_utf8_lossy(&value).to_string();
+                let index: i32 = text.trim_start_matches('v').parse().unwrap_or(-1);
+                assert!(
+                    index > last,
+                    "values must move forward: {text} after v{last}"
+                );
+                last = index;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    Ok(())
+}
+
+/// File only: a file whose mtime is older than the TTL is not listed, and a watcher reports it
+/// as gone and removes it.
+#[tokio::test]
+async fn file_expired_files_are_not_listed_and_watchers_remove_them() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let discovery = FileDiscovery::with_ttl(dir.path(), Duration::from_secs(5))?;
+    let prefix = suite::unique_prefix("file-expired");
+    let (stale, fresh) = (format!("{prefix}a"), format!("{prefix}b"));
+    discovery.put(&stale, Bytes::from_static(b"1")).await?;
+    discovery.put(&fresh, Bytes::from_static(b"2")).await?;
+    let path = dir.path().join(stale.trim_start_matches('/'));
+    let old = SystemTime::now() - Duration::from_secs(60);
+    std::fs::File::options()
+        .write(true)
+        .open(&path)?
+        .set_modified(old)?;
+    let listed: Vec<String> = discovery
+        .list(&prefix)
+        .await?
+        .into_iter()
+        .map(|kv| kv.key)
+        .collect();
+    assert_eq!(listed, vec![fresh.clone()]);
+    let mut watch = discovery.watch(&prefix).await?;
+    assert_eq!(
+        suite::next_event(&mut watch, "fresh key").await.key(),
+        fresh
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while path.exists() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "expired file not removed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+/// File only: when another process removes an owned file (it judged it expired), the owner's
+/// next heartbeat reports the lease lost.
+#[tokio::test]
+async fn file_losing_an_owned_file_loses_the_lease() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let discovery = FileDiscovery::with_ttl(dir.path(), Duration::from_secs(3))?;
+    let key = format!("{}k", suite::unique_prefix("file-lost"));
+    discovery.put(&key, Bytes::from_static(b"1")).await?;
+    std::fs::remove_file(dir.path().join(key.trim_start_matches('/')))?;
+    let lost = discovery.lease_lost();
+    tokio::time::timeout(Duration::from_secs(15), lost.cancelled())
+        .await
+        .map_err(|_| Error::Discovery("lease_lost not cancelled within 15 s".into()))?;
+    assert!(matches!(
+        discovery.put(&key, Bytes::new()).await,
+        Err(Error::LeaseLost)
+    ));
+    Ok(())
+}
