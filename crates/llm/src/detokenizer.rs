@@ -1,0 +1,137 @@
+//! Incremental detokenization: text out as tokens arrive, never half a character.
+
+use std::sync::Arc;
+
+use crate::error::LlmError;
+use crate::tokenizer::Tokenizer;
+
+/// How many prompt tokens seed the window, so that the first generated token decodes with its
+/// real left context (SentencePiece drops a leading space when a token is decoded alone).
+const PROMPT_CONTEXT_TOKENS: usize = 5;
+
+/// Once this many already-emitted tokens sit before the window, they are dropped.
+const COMPACT_AFTER: usize = 256;
+
+/// Turns a stream of token ids into a stream of text pieces, one per request.
+///
+/// Byte-level tokenizers split multi-byte characters across tokens, and decoding a single token
+/// can yield U+FFFD. The detokenizer keeps two offsets into its ids: text from `prefix_offset`
+/// to `read_offset` was already emitted; each step decodes from `prefix_offset` to the end and
+/// emits only what follows the already-emitted text, and only when the result does not end in
+/// U+FFFD (an incomplete character). Decoding a window rather than single tokens also keeps the
+/// spacing that depends on the previous token.
+#[derive(Debug)]
+pub struct Detokenizer {
+    tokenizer: Arc<Tokenizer>,
+    ids: Vec<u32>,
+    prefix_offset: usize,
+    read_offset: usize,
+    skip_special_tokens: bool,
+}
+
+impl Detokenizer {
+    /// A detokenizer for a generation with no prompt context.
+    pub fn new(tokenizer: Arc<Tokenizer>, skip_special_tokens: bool) -> Self {
+        Self {
+            tokenizer,
+            ids: Vec::new(),
+            prefix_offset: 0,
+            read_offset: 0,
+            skip_special_tokens,
+        }
+    }
+
+    /// A detokenizer whose window starts with the last few prompt tokens, so the first
+    /// generated token's leading space is decoded as it would be in context.
+    pub fn with_prompt(
+        tokenizer: Arc<Tokenizer>,
+        prompt: &[u32],
+        skip_special_tokens: bool,
+    ) -> Self {
+        let start = prompt.len().saturating_sub(PROMPT_CONTEXT_TOKENS);
+        let ids = prompt[start..].to_vec();
+        let read_offset = ids.len();
+        Self {
+            tokenizer,
+            ids,
+            prefix_offset: 0,
+            read_offset,
+            skip_special_tokens,
+        }
+    }
+
+    /// Feeds one token; returns the newly completed text (empty while a character is pending).
+    pub fn push(&mut self, id: u32) -> Result<String, LlmError> {
+        self.push_all(std::slice::from_ref(&id))
+    }
+
+    /// Feeds several tokens at once; returns the newly completed text.
+    pub fn push_all(&mut self, ids: &[u32]) -> Result<String, LlmError> {
+        self.ids.extend_from_slice(ids);
+        let prefix_text = self.decode(self.prefix_offset, self.read_offset)?;
+        let new_text = self.decode(self.prefix_offset, self.ids.len())?;
+        if new_text.len() <= prefix_text.len() || new_text.ends_with('\u{FFFD}') {
+            return Ok(String::new());
+        }
+        let Some(delta) = suffix_after(&new_text, &prefix_text) else {
+            return Ok(String::new());
+        };
+        let delta = delta.to_owned();
+        self.prefix_offset = self.read_offset;
+        self.read_offset = self.ids.len();
+        self.compact();
+        Ok(delta)
+    }
+
+    /// Ends the stream: returns whatever text is still pending, U+FFFD included if the
+    /// generation really ended inside a character.
+    pub fn finish(&mut self) -> Result<String, LlmError> {
+        if self.read_offset == self.ids.len() {
+            return Ok(String::new());
+        }
+        let prefix_text = self.decode(self.prefix_offset, self.read_offset)?;
+        let new_text = self.decode(self.prefix_offset, self.ids.len())?;
+        let delta = suffix_after(&new_text, &prefix_text)
+            .unwrap_or_default()
+            .to_owned();
+        self.prefix_offset = self.read_offset;
+        self.read_offset = self.ids.len();
+        Ok(delta)
+    }
+
+    fn decode(&self, start: usize, end: usize) -> Result<String, LlmError> {
+        if start >= end {
+            return Ok(String::new());
+        }
+        self.tokenizer
+            .decode(&self.ids[start..end], self.skip_special_tokens)
+    }
+
+    fn compact(&mut self) {
+        if self.prefix_offset >= COMPACT_AFTER {
+            self.ids.drain(..self.prefix_offset);
+            self.read_offset -= self.prefix_offset;
+            self.prefix_offset = 0;
+        }
+    }
+}
+
+/// The part of `text` after the already-emitted `prefix`. Decoding a longer window normally
+/// extends the shorter one; when a decoder rewrites the boundary, fall back to cutting at the
+/// prefix's length if that is a character boundary.
+fn suffix_after<'t>(text: &'t str, prefix: &str) -> Option<&'t str> {
+    text.strip_prefix(prefix)
+        .or_else(|| text.get(prefix.len()..))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suffix_after_respects_char_boundaries() {
+        assert_eq!(suffix_after("héllo", "hé"), Some("llo"));
+        assert_eq!(suffix_after("é", "x"), None);
+        assert_eq!(suffix_after("abc", "xy"), Some("c"));
+    }
+}

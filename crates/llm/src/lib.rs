@@ -1,0 +1,22 @@
+//! LLM preprocessing and postprocessing for the kvmesh frontend: loading a Hugging Face model
+//! directory, rendering chat templates, tokenizing, incremental detokenization, stop handling
+//! and the OpenAI request/response types.
+//!
+//! Everything here is synchronous and CPU-bound; a [`ModelDir`] is loaded once per model and
+//! shared (`Arc`) by all requests, and a [`Detokenizer`] plus a [`StopMatcher`] are created per
+//! choice.
+
+mod detokenizer;
+mod error;
+mod model_dir;
+pub mod openai;
+mod stop;
+mod template;
+mod tokenizer;
+
+pub use detokenizer::Detokenizer;
+pub use error::{LlmError, LlmErrorCode};
+pub use model_dir::ModelDir;
+pub use stop::{StopMatcher, StopStep, TokenStop, TokenStopConditions};
+pub use template::{ChatRenderInput, ChatTemplate, SpecialTokens};
+pub use tokenizer::Tokenizer;

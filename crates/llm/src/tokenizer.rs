@@ -1,0 +1,151 @@
+//! A shared, thread-safe wrapper over a Hugging Face `tokenizers` tokenizer.
+
+use std::path::Path;
+
+use crate::error::LlmError;
+
+/// A loaded tokenizer plus what the serving path needs to know about its vocabulary: which ids
+/// are added (special) tokens and which ids end a generation.
+///
+/// It is `Send + Sync` and immutable after construction: load it once per model and share it
+/// with `Arc` across requests; nothing is reloaded per request.
+#[derive(Debug)]
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    /// Every added token id (special or not), sorted: the mock engine draws outside this set.
+    added_token_ids: Vec<u32>,
+    /// Added token ids flagged `special`, sorted.
+    special_token_ids: Vec<u32>,
+    /// Token ids that end generation, sorted and deduplicated.
+    eos_token_ids: Vec<u32>,
+    vocab_size: usize,
+}
+
+impl Tokenizer {
+    /// Loads `tokenizer.json` from `path`.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, LlmError> {
+        let path = path.as_ref();
+        let inner = tokenizers::Tokenizer::from_file(path)
+            .map_err(|err| LlmError::Tokenizer(format!("{}: {err}", path.display())))?;
+        Ok(Self::new(inner))
+    }
+
+    /// Parses a `tokenizer.json` document held in memory.
+    pub fn from_bytes(bytes: impl AsRef<[u8]>) -> Result<Self, LlmError> {
+        let inner = tokenizers::Tokenizer::from_bytes(bytes).map_err(LlmError::tokenizer)?;
+        Ok(Self::new(inner))
+    }
+
+    /// Wraps an already built tokenizer; it has no EOS ids until [`Self::with_eos_token_ids`].
+    pub fn new(inner: tokenizers::Tokenizer) -> Self {
+        let decoder = inner.get_added_tokens_decoder();
+        let mut added_token_ids: Vec<u32> = decoder.keys().copied().collect();
+        added_token_ids.sort_unstable();
+        let mut special_token_ids: Vec<u32> = decoder
+            .iter()
+            .filter(|(_, token)| token.special)
+            .map(|(id, _)| *id)
+            .collect();
+        special_token_ids.sort_unstable();
+        let vocab_size = inner.get_vocab_size(true);
+        Self {
+            inner,
+            added_token_ids,
+            special_token_ids,
+            eos_token_ids: Vec::new(),
+            vocab_size,
+        }
+    }
+
+    /// Sets the ids that end generation (the union of `generation_config.json` and the
+    /// tokenizer config's `eos_token`, as [`crate::ModelDir`] computes it).
+    pub fn with_eos_token_ids(mut self, ids: impl IntoIterator<Item = u32>) -> Self {
+        let mut ids: Vec<u32> = ids.into_iter().collect();
+        ids.sort_unstable();
+        ids.dedup();
+        self.eos_token_ids = ids;
+        self
+    }
+
+    /// Token ids of `text`. `add_special_tokens` applies the post-processor (BOS and the like);
+    /// chat prompts rendered by a template already contain them and pass `false`.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, LlmError> {
+        let encoding = self
+            .inner
+            .encode_fast(text, add_special_tokens)
+            .map_err(LlmError::tokenizer)?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// The text of `ids`; with `skip_special_tokens` the special tokens are left out.
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, LlmError> {
+        self.inner
+            .decode(ids, skip_special_tokens)
+            .map_err(LlmError::tokenizer)
+    }
+
+    /// Number of tokens including added tokens.
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// Every added token id (special or not), sorted; ordinary tokens are the others.
+    pub fn added_token_ids(&self) -> &[u32] {
+        &self.added_token_ids
+    }
+
+    /// Added token ids flagged special (what `skip_special_tokens` drops), sorted.
+    pub fn special_token_ids(&self) -> &[u32] {
+        &self.special_token_ids
+    }
+
+    /// Whether `id` is an added token (special or not).
+    pub fn is_added_token(&self, id: u32) -> bool {
+        self.added_token_ids.binary_search(&id).is_ok()
+    }
+
+    /// Every id that maps to an ordinary (not added) token, ascending: what a mock engine may
+    /// emit as plain text. Computed on each call; cache it if called often.
+    pub fn ordinary_token_ids(&self) -> Vec<u32> {
+        let upper = u32::try_from(self.vocab_size).unwrap_or(u32::MAX);
+        (0..upper)
+            .filter(|id| !self.is_added_token(*id) && self.inner.id_to_token(*id).is_some())
+            .collect()
+    }
+
+    /// Ids that end generation, sorted.
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.eos_token_ids
+    }
+
+    /// Whether `id` ends generation.
+    pub fn is_eos(&self, id: u32) -> bool {
+        self.eos_token_ids.binary_search(&id).is_ok()
+    }
+
+    /// The id of a token string, e.g. `"<|im_end|>"`.
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// The token string of an id (byte-level tokens look like `Ġthe`), for logprobs.
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// The wrapped tokenizer, for anything this wrapper does not cover.
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokenizer_is_shareable() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Tokenizer>();
+    }
+}
