@@ -1,0 +1,243 @@
+//! Runs one data-parallel rank of the engine core in real time: admits requests, steps the
+//! scheduler, sleeps for each pass's simulated duration, streams tokens to callers and hands KV
+//! events and load to the publisher.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use kvmesh_proto::v1::{FinishReason, GenerateResponse, Usage, WorkerIdentity, WorkerLoad};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::{DpEngine, EngineConfig, EngineRequest, FinishKind, KvCacheEvent};
+
+/// Responses of one request, as the gRPC layer sends them.
+pub type ResponseTx = mpsc::UnboundedSender<Result<GenerateResponse, tonic::Status>>;
+
+/// Work sent to a rank's loop.
+pub enum Command {
+    /// Admit a request and stream its responses to the sender.
+    Add(Box<EngineRequest>, ResponseTx),
+    /// Drop every cached block; replies with the number dropped.
+    Clear(oneshot::Sender<u64>),
+    /// Reply with the rank's current load.
+    Load(oneshot::Sender<WorkerLoad>),
+}
+
+/// What a rank reports to its worker's publisher after a pass.
+pub enum RankOutput {
+    /// KV events of one pass, in order.
+    KvEvents {
+        /// Rank that produced them.
+        dp_rank: u32,
+        /// The events.
+        events: Vec<KvCacheEvent>,
+    },
+    /// The rank's load changed.
+    Load(WorkerLoad),
+}
+
+/// Timing settings of the real-time loop.
+#[derive(Debug, Clone, Copy)]
+pub struct Pace {
+    /// Divides every simulated duration; 0 means never sleep.
+    pub speedup_ratio: f64,
+    /// Further divides the decode term.
+    pub decode_speedup_ratio: f64,
+}
+
+impl Pace {
+    /// Real time one pass takes, in microseconds.
+    pub fn pass_micros(&self, prefill_ms: f64, decode_ms: f64) -> f64 {
+        if self.speedup_ratio <= 0.0 {
+            return 0.0;
+        }
+        (prefill_ms + decode_ms / self.decode_speedup_ratio) / self.speedup_ratio * 1000.0
+    }
+}
+
+struct Pending {
+    tx: ResponseTx,
+    num_prompt_tokens: u32,
+    num_generated: u32,
+}
+
+/// Runs one rank until `shutdown`; every request still running then ends with CANCELLED.
+pub async fn run_rank(
+    worker_id: u64,
+    dp_rank: u32,
+    config: EngineConfig,
+    pace: Pace,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+    outputs: mpsc::UnboundedSender<RankOutput>,
+    shutdown: CancellationToken,
+) {
+    let mut engine = DpEngine::new(config, dp_rank);
+    let mut pending: HashMap<u64, Pending> = HashMap::new();
+    let mut next_key: u64 = 0;
+    let mut sleep_debt_us = 0.0f64;
+    let mut last_load: Option<WorkerLoad> = None;
+    let mut last_load_at = Instant::now() - Duration::from_secs(1);
+    let identity = WorkerIdentity { worker_id, dp_rank };
+
+    loop {
+        // Wait for work when idle, otherwise take whatever arrived since the last pass.
+        if !engine.has_work() {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                command = commands.recv() => match command {
+                    Some(command) => handle(command, &mut engine, &mut pending, &mut next_key, worker_id, dp_rank),
+                    None => break,
+                },
+            }
+        }
+        while let Ok(command) = commands.try_recv() {
+            handle(
+                command,
+                &mut engine,
+                &mut pending,
+                &mut next_key,
+                worker_id,
+                dp_rank,
+            );
+        }
+        if shutdown.is_cancelled() {
+            break;
+        }
+        // Cancel requests whose caller went away before they produced anything more.
+        let closed: Vec<u64> = pending
+            .iter()
+            .filter(|(_, p)| p.tx.is_closed())
+            .map(|(key, _)| *key)
+            .collect();
+        for key in closed {
+            pending.remove(&key);
+            engine.cancel(key);
+        }
+        if !engine.has_work() {
+            continue;
+        }
+
+        let step = engine.step();
+        for output in step.outputs {
+            let Some(entry) = pending.get_mut(&output.key) else {
+                continue;
+            };
+            let mut response = GenerateResponse::default();
+            if let Some(FinishKind::Error(message)) = &output.finish {
+                let _ = entry
+                    .tx
+                    .send(Err(tonic::Status::invalid_argument(message.clone())));
+                pending.remove(&output.key);
+                continue;
+            }
+            response.token_ids.push(output.token_id);
+            if output.is_first {
+                response.worker = Some(identity);
+            }
+            entry.num_generated += 1;
+            let finished = output.finish.is_some();
+            if let Some(finish) = &output.finish {
+                response.finish_reason = match finish {
+                    FinishKind::Length => FinishReason::Length,
+                    FinishKind::Stop => FinishReason::Stop,
+                    FinishKind::Error(_) => FinishReason::Error,
+                } as i32;
+                if matches!(finish, FinishKind::Stop) {
+                    response.matched_stop_token_id = Some(output.token_id);
+                }
+            }
+            if output.is_first || finished {
+                response.usage = Some(Usage {
+                    prompt_tokens: entry.num_prompt_tokens,
+                    completion_tokens: entry.num_generated,
+                    cached_tokens: output.cached_tokens,
+                });
+            }
+            let closed = entry.tx.send(Ok(response)).is_err();
+            if finished {
+                pending.remove(&output.key);
+            } else if closed {
+                pending.remove(&output.key);
+                engine.cancel(output.key);
+            }
+        }
+        if !step.kv_events.is_empty() {
+            let _ = outputs.send(RankOutput::KvEvents {
+                dp_rank,
+                events: step.kv_events,
+            });
+        }
+        let load = load_of(&engine, worker_id, dp_rank);
+        let changed = last_load.as_ref() != Some(&load);
+        if changed && last_load_at.elapsed() >= Duration::from_millis(10) {
+            last_load = Some(load);
+            last_load_at = Instant::now();
+            let _ = outputs.send(RankOutput::Load(load));
+        }
+
+        sleep_debt_us += pace.pass_micros(step.prefill_ms, step.decode_ms);
+        if sleep_debt_us >= 1000.0 {
+            let started = Instant::now();
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep(Duration::from_micros(sleep_debt_us as u64)) => {}
+            }
+            sleep_debt_us -= started.elapsed().as_micros() as f64;
+        } else {
+            tokio::task::yield_now().await;
+        }
+    }
+    for (_, entry) in pending.drain() {
+        let _ = entry.tx.send(Ok(GenerateResponse {
+            finish_reason: FinishReason::Cancelled as i32,
+            ..Default::default()
+        }));
+    }
+}
+
+fn handle(
+    command: Command,
+    engine: &mut DpEngine,
+    pending: &mut HashMap<u64, Pending>,
+    next_key: &mut u64,
+    worker_id: u64,
+    dp_rank: u32,
+) {
+    match command {
+        Command::Add(mut request, tx) => {
+            let key = *next_key;
+            *next_key += 1;
+            request.key = key;
+            pending.insert(
+                key,
+                Pending {
+                    tx,
+                    num_prompt_tokens: request.prompt.len() as u32,
+                    num_generated: 0,
+                },
+            );
+            engine.add_request(*request);
+        }
+        Command::Clear(reply) => {
+            let _ = reply.send(engine.clear_cache() as u64);
+        }
+        Command::Load(reply) => {
+            let _ = reply.send(load_of(engine, worker_id, dp_rank));
+        }
+    }
+}
+
+fn load_of(engine: &DpEngine, worker_id: u64, dp_rank: u32) -> WorkerLoad {
+    let load = engine.load();
+    WorkerLoad {
+        worker_id,
+        dp_rank,
+        kv_used_blocks: load.kv_used_blocks as u64,
+        kv_total_blocks: load.kv_total_blocks as u64,
+        num_running: load.num_running as u32,
+        num_waiting: load.num_waiting as u32,
+        waiting_prefill_tokens: load.waiting_prefill_tokens as u64,
+        published_at_ms: 0,
+    }
+}

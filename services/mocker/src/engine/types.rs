@@ -1,0 +1,126 @@
+//! What goes into and comes out of the engine core.
+
+/// One generation request as the engine core sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EngineRequest {
+    /// Caller-assigned id, unique among live requests of a rank; names the request in
+    /// [`TokenOutput`]s and in [`crate::engine::DpEngine::cancel`].
+    pub key: u64,
+    /// The request's id; with the config seed it seeds the token PRNG, so the same id and seed
+    /// always produce the same tokens.
+    pub request_id: String,
+    /// Prompt token ids; must not be empty.
+    pub prompt: Vec<u32>,
+    /// Output tokens to produce; `None` means the configured default. Capped so prompt plus
+    /// output fits `max_model_len`.
+    pub max_tokens: Option<u32>,
+    /// Stop tokens are ignored until this many tokens have been produced.
+    pub min_tokens: u32,
+    /// Drawing one of these ends the request with [`FinishKind::Stop`].
+    pub stop_token_ids: Vec<u32>,
+    /// Generate exactly the output length: stop tokens (where frontends put EOS) are ignored.
+    pub ignore_eos: bool,
+    /// LoRA adapter; mixed into the block hashes (specs/kv-events.md section 2).
+    pub lora_name: Option<String>,
+}
+
+/// Why a request ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FinishKind {
+    /// It produced its output length.
+    Length,
+    /// It drew a stop token.
+    Stop,
+    /// It could never run (empty prompt, too long, larger than the KV pool, ...); the message
+    /// says why.
+    Error(String),
+}
+
+/// One event of a request's life: a generated token, possibly with its finish, or an error finish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenOutput {
+    /// The request's [`EngineRequest::key`].
+    pub key: u64,
+    /// The generated token; 0 (and meaningless) on an [`FinishKind::Error`] output.
+    pub token_id: u32,
+    /// Whether this is the request's first token.
+    pub is_first: bool,
+    /// Prompt tokens found in the prefix cache when the request was first admitted; set on the
+    /// first token (and on every later one, for convenience).
+    pub cached_tokens: u32,
+    /// Set on the request's last output; exactly one output per request carries it.
+    pub finish: Option<FinishKind>,
+}
+
+/// One block of a [`KvCacheEvent::Stored`] event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoredBlock {
+    /// The block's sequence hash, which the mocker uses as its engine hash.
+    pub block_hash: u64,
+    /// The block's local (content) hash.
+    pub tokens_hash: u64,
+}
+
+/// A change to the set of blocks this rank holds, as published to the indexers (specs/kv-events.md
+/// section 3, specs/mocker.md section 4).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvCacheEvent {
+    /// A chain of newly cached full blocks.
+    Stored {
+        /// Sequence hash of the block before the first one; `None` at the root.
+        parent_hash: Option<u64>,
+        /// The blocks, each the child of the previous one.
+        blocks: Vec<StoredBlock>,
+    },
+    /// Blocks whose last copy was evicted.
+    Removed {
+        /// Sequence hashes of the evicted blocks.
+        block_hashes: Vec<u64>,
+    },
+    /// Every cached block of this rank is gone.
+    Cleared,
+}
+
+/// What one scheduler pass did.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct StepOutput {
+    /// Unscaled prefill term of the pass (specs/mocker.md section 2); 0 when it had no prefill.
+    pub prefill_ms: f64,
+    /// Unscaled decode term of the pass; 0 when it had no decoding sequence.
+    pub decode_ms: f64,
+    /// Tokens and finishes, in scheduling order.
+    pub outputs: Vec<TokenOutput>,
+    /// KV events to publish, in order.
+    pub kv_events: Vec<KvCacheEvent>,
+    /// Uncached prompt tokens computed by the pass (the `T` of the prefill term).
+    pub num_prefill_tokens: usize,
+    /// Sequences that decoded one token in the pass.
+    pub num_decode_seqs: usize,
+    /// Sequences preempted by the pass.
+    pub num_preemptions: usize,
+}
+
+impl StepOutput {
+    /// Whether the pass did nothing at all (no compute, no outputs, no events).
+    pub fn is_empty(&self) -> bool {
+        self.outputs.is_empty()
+            && self.kv_events.is_empty()
+            && self.num_prefill_tokens == 0
+            && self.num_decode_seqs == 0
+    }
+}
+
+/// A rank's load as routers see it (`WorkerLoad` without the identity).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LoadSnapshot {
+    /// Blocks referenced by running sequences.
+    pub kv_used_blocks: usize,
+    /// Blocks in the pool.
+    pub kv_total_blocks: usize,
+    /// Sequences admitted and not finished.
+    pub num_running: usize,
+    /// Sequences queued for admission (new or preempted).
+    pub num_waiting: usize,
+    /// Tokens the waiting sequences still have to prefill, before any prefix-cache hit.
+    pub waiting_prefill_tokens: usize,
+}

@@ -1,0 +1,302 @@
+//! The kvmesh mock engine: a worker that behaves like a vLLM engine without a GPU.
+//!
+//! [`engine`] is the synchronous core (block manager, scheduler, timing, deterministic tokens) that
+//! both the real-time server here and the virtual-time simulator drive. [`run`] starts
+//! `--num-workers` workers, each with its own instance id, `Worker` gRPC server (or in-process
+//! endpoint in embedded mode), KV event publisher and discovery registration.
+
+pub mod driver;
+pub mod engine;
+pub mod opts;
+pub mod worker;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use kvmesh_proto::v1::worker_server::WorkerServer;
+use kvmesh_proto::v1::{InstanceRecord, ModelCard, ModelRecord, ModelRuntimeConfig};
+use kvmesh_runtime::connect::{self, Embedded};
+use kvmesh_runtime::discovery::Discovery;
+use kvmesh_runtime::discovery::registry::card_checksum;
+use kvmesh_runtime::event_plane::StreamConfig;
+use kvmesh_runtime::names;
+use kvmesh_runtime::worker_client::{INPROC_TRANSPORT, register_inproc, unregister_inproc};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+pub use opts::MockerOpts;
+
+use crate::driver::Pace;
+use crate::engine::EngineConfig;
+use crate::worker::{MockWorker, PublishTarget};
+
+/// Model-card flags: Chat | Completions.
+const MODEL_TYPE_CHAT_COMPLETIONS: u32 = 1 | 2;
+
+/// Runs the mocker's workers until `shutdown`, then unregisters them and stops.
+///
+/// With `embedded` (from `kvmesh up`) workers are reached in-process instead of over gRPC.
+pub async fn run(
+    mut opts: MockerOpts,
+    embedded: Option<Embedded>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    opts.engine
+        .apply_extra_engine_args()
+        .map_err(|e| anyhow::anyhow!(e))?;
+    let model = kvmesh_llm::ModelDir::load(&opts.model_path)
+        .with_context(|| format!("--model-path {}", opts.model_path.display()))?;
+    let tokenizer = model.tokenizer();
+    let mut special: Vec<u32> = tokenizer.added_token_ids().to_vec();
+    special.extend_from_slice(tokenizer.special_token_ids());
+    let config = opts.engine.engine_config(
+        tokenizer.vocab_size() as u32,
+        special,
+        model.context_length().map(|n| n as usize),
+    );
+    config
+        .validate()
+        .map_err(|e| anyhow::anyhow!("invalid engine configuration: {e}"))?;
+    let model_name = opts
+        .model_name
+        .clone()
+        .unwrap_or_else(|| default_model_name(&opts.model_path));
+    let card = model_card(&opts, &model_name, &config);
+
+    if let Some(seconds) = opts.engine.startup_time {
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            _ = tokio::time::sleep(Duration::from_secs_f64(seconds)) => {}
+        }
+    }
+
+    let events = connect::event_plane(&opts.runtime, embedded.as_ref()).await?;
+    let namespace = opts.endpoint.namespace.clone();
+    events
+        .ensure_stream(&StreamConfig {
+            name: names::kv_stream_name(&namespace),
+            subjects: names::kv_stream_subjects(&namespace),
+            max_age: Duration::from_secs(opts.runtime.nats_stream_max_age),
+            duplicate_window: Duration::from_secs(120),
+        })
+        .await?;
+
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut registrations = Vec::new();
+    let stagger = opts.engine.stagger();
+    for index in 0..opts.engine.num_workers {
+        if index > 0 && !stagger.is_zero() {
+            tokio::time::sleep(stagger).await;
+        }
+        if shutdown.is_cancelled() {
+            break;
+        }
+        let discovery = connect::discovery(&opts.runtime, embedded.as_ref()).await?;
+        let worker_id = discovery.instance_id();
+        let workers_shutdown = shutdown.child_token();
+
+        let (output_tx, output_rx) = mpsc::unbounded_channel();
+        let mut ranks = Vec::new();
+        for dp_rank in 0..opts.engine.data_parallel_size {
+            let (tx, rx) = mpsc::unbounded_channel();
+            ranks.push(tx);
+            tasks.spawn(driver::run_rank(
+                worker_id,
+                dp_rank,
+                config.clone(),
+                Pace {
+                    speedup_ratio: opts.engine.speedup_ratio,
+                    decode_speedup_ratio: opts.engine.decode_speedup_ratio,
+                },
+                rx,
+                output_tx.clone(),
+                workers_shutdown.clone(),
+            ));
+        }
+        drop(output_tx);
+        let target = PublishTarget {
+            events: events.clone(),
+            kv_subject: names::kv_subject(
+                &namespace,
+                &model_name,
+                kvmesh_kv::kv_partition(worker_id, opts.runtime.kv_partitions),
+            ),
+            load_subject: names::load_subject(&namespace, &model_name),
+            worker_id,
+            publish_kv_events: config.enable_prefix_caching,
+        };
+        tasks.spawn(worker::run_publisher(
+            target,
+            opts.engine.data_parallel_size as usize,
+            output_rx,
+            workers_shutdown.clone(),
+        ));
+
+        let service = MockWorker::new(ranks);
+        let (address, transport) = if embedded.is_some() {
+            let address =
+                register_inproc(&format!("mocker-{worker_id:x}"), Arc::new(service.clone()));
+            (address, INPROC_TRANSPORT)
+        } else {
+            let port = if opts.runtime.tcp_rpc_port == 0 {
+                0
+            } else {
+                opts.runtime.tcp_rpc_port.saturating_add(index as u16)
+            };
+            let bind: SocketAddr = format!("{}:{port}", opts.runtime.tcp_rpc_host)
+                .parse()
+                .with_context(|| format!("--tcp-rpc-host {}", opts.runtime.tcp_rpc_host))?;
+            let listener = tokio::net::TcpListener::bind(bind)
+                .await
+                .with_context(|| format!("bind worker gRPC server on {bind}"))?;
+            let local = listener.local_addr()?;
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            let server_shutdown = workers_shutdown.clone();
+            tasks.spawn(async move {
+                let result = tonic::transport::Server::builder()
+                    .tcp_nodelay(true)
+                    .add_service(WorkerServer::new(service))
+                    .serve_with_incoming_shutdown(
+                        incoming,
+                        server_shutdown.clone().cancelled_owned(),
+                    )
+                    .await;
+                if let Err(error) = result {
+                    tracing::error!(%error, "worker gRPC server failed");
+                    server_shutdown.cancel();
+                }
+            });
+            (local.to_string(), "grpc")
+        };
+
+        register(
+            discovery.as_ref(),
+            &opts,
+            &model_name,
+            &card,
+            worker_id,
+            &address,
+            transport,
+        )
+        .await?;
+        tracing::info!(worker_id = %format!("{worker_id:x}"), %address, model = %model_name, "mock worker registered");
+        registrations.push((discovery, address));
+    }
+
+    let lease_lost: Vec<CancellationToken> =
+        registrations.iter().map(|(d, _)| d.lease_lost()).collect();
+    let lost = async {
+        for token in &lease_lost {
+            token.cancelled().await;
+        }
+    };
+    let mut lease_failed = false;
+    tokio::select! {
+        _ = shutdown.cancelled() => {}
+        _ = lost, if !lease_lost.is_empty() => {
+            tracing::error!("discovery lease lost, stopping");
+            lease_failed = true;
+        }
+        Some(result) = tasks.join_next() => {
+            if let Err(error) = result {
+                tracing::error!(%error, "worker task failed");
+            }
+        }
+    }
+    for (discovery, address) in &registrations {
+        if let Err(error) = discovery.revoke().await {
+            tracing::warn!(%error, "unregister failed");
+        }
+        unregister_inproc(address);
+    }
+    shutdown.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    if lease_failed {
+        anyhow::bail!("discovery lease lost");
+    }
+    Ok(())
+}
+
+async fn register(
+    discovery: &dyn Discovery,
+    opts: &MockerOpts,
+    model_name: &str,
+    card: &ModelCard,
+    worker_id: u64,
+    address: &str,
+    transport: &str,
+) -> anyhow::Result<()> {
+    let endpoint = &opts.endpoint;
+    let instance = InstanceRecord {
+        namespace: endpoint.namespace.clone(),
+        component: endpoint.component.clone(),
+        endpoint: endpoint.endpoint.clone(),
+        instance_id: worker_id,
+        address: address.to_string(),
+        transport: transport.to_string(),
+        device_type: "cpu".into(),
+        metadata: Default::default(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        started_at_ms: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
+    };
+    let record = ModelRecord {
+        namespace: endpoint.namespace.clone(),
+        model: model_name.to_string(),
+        instance_id: worker_id,
+        component: endpoint.component.clone(),
+        endpoint: endpoint.endpoint.clone(),
+        card: Some(card.clone()),
+        card_checksum: card_checksum(card),
+    };
+    let instance_key = names::instance_key(
+        &endpoint.namespace,
+        &endpoint.component,
+        &endpoint.endpoint,
+        worker_id,
+    );
+    let model_key = names::model_key(&endpoint.namespace, model_name, worker_id);
+    discovery
+        .put(&model_key, serde_json::to_vec(&record)?.into())
+        .await?;
+    discovery
+        .put(&instance_key, serde_json::to_vec(&instance)?.into())
+        .await?;
+    Ok(())
+}
+
+fn model_card(opts: &MockerOpts, model_name: &str, config: &EngineConfig) -> ModelCard {
+    let source =
+        std::fs::canonicalize(&opts.model_path).unwrap_or_else(|_| opts.model_path.clone());
+    ModelCard {
+        display_name: model_name.to_string(),
+        source_path: source.to_string_lossy().into_owned(),
+        context_length: config.max_model_len.unwrap_or(0).min(u32::MAX as usize) as u32,
+        kv_cache_block_size: config.block_size as u32,
+        model_type: MODEL_TYPE_CHAT_COMPLETIONS,
+        model_input: "Tokens".into(),
+        runtime_config: Some(ModelRuntimeConfig {
+            total_kv_blocks: Some(config.num_gpu_blocks as u64),
+            max_num_seqs: Some(config.max_num_seqs as u64),
+            max_num_batched_tokens: Some(config.max_num_batched_tokens as u64),
+            data_parallel_start_rank: 0,
+            data_parallel_size: opts.engine.data_parallel_size,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn default_model_name(path: &Path) -> String {
+    path.file_name()
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.to_string_lossy().into_owned())
+}

@@ -1,0 +1,292 @@
+//! One mock worker: its ranks, its `Worker` gRPC service, and the publisher of its KV events
+//! and load.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::StreamExt;
+use kvmesh_proto::v1::worker_server::Worker;
+use kvmesh_proto::v1::{
+    ClearKvBlocksRequest, ClearKvBlocksResponse, GenerateRequest, GetLoadRequest, GetLoadResponse,
+    KvEvent, KvEventBatch, StorageTier, kv_event,
+};
+use kvmesh_runtime::event_plane::EventPlane;
+use kvmesh_runtime::worker_client::{ResponseStream, WorkerEndpoint};
+use prost::Message;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::driver::{Command, RankOutput};
+use crate::engine::{EngineRequest, KvCacheEvent};
+
+/// Largest KV event batch published in one message.
+const MAX_BATCH_BYTES: usize = 512 * 1024;
+
+/// The request side of a mock worker: routes each request to its data-parallel rank.
+#[derive(Clone)]
+pub struct MockWorker {
+    ranks: Arc<Vec<mpsc::UnboundedSender<Command>>>,
+}
+
+impl MockWorker {
+    /// Wraps the command channels of a worker's ranks (index = dp rank).
+    pub fn new(ranks: Vec<mpsc::UnboundedSender<Command>>) -> Self {
+        Self {
+            ranks: Arc::new(ranks),
+        }
+    }
+
+    fn start(&self, request: GenerateRequest) -> Result<ResponseStream, tonic::Status> {
+        if request.token_ids.is_empty() {
+            return Err(tonic::Status::invalid_argument(
+                "token_ids must not be empty",
+            ));
+        }
+        let dp_rank = request
+            .routing
+            .as_ref()
+            .and_then(|routing| routing.dp_rank)
+            .unwrap_or(0);
+        let rank = self.ranks.get(dp_rank as usize).ok_or_else(|| {
+            tonic::Status::invalid_argument(format!(
+                "dp_rank {dp_rank} out of range (worker has {} ranks)",
+                self.ranks.len()
+            ))
+        })?;
+        let stop = request.stop.unwrap_or_default();
+        let engine_request = EngineRequest {
+            key: 0,
+            request_id: request.request_id,
+            prompt: request.token_ids,
+            max_tokens: stop.max_tokens,
+            min_tokens: stop.min_tokens.unwrap_or(0),
+            stop_token_ids: stop.stop_token_ids,
+            ignore_eos: stop.ignore_eos,
+            lora_name: Some(request.lora_name).filter(|name| !name.is_empty()),
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        rank.send(Command::Add(Box::new(engine_request), tx))
+            .map_err(|_| tonic::Status::unavailable("worker is shutting down"))?;
+        Ok(UnboundedReceiverStream::new(rx).boxed())
+    }
+
+    async fn ask<T>(
+        &self,
+        make: impl Fn(oneshot::Sender<T>) -> Command,
+    ) -> Result<Vec<T>, tonic::Status> {
+        let mut replies = Vec::with_capacity(self.ranks.len());
+        for rank in self.ranks.iter() {
+            let (tx, rx) = oneshot::channel();
+            rank.send(make(tx))
+                .map_err(|_| tonic::Status::unavailable("worker is shutting down"))?;
+            replies.push(
+                rx.await
+                    .map_err(|_| tonic::Status::unavailable("worker is shutting down"))?,
+            );
+        }
+        Ok(replies)
+    }
+}
+
+#[async_trait]
+impl WorkerEndpoint for MockWorker {
+    async fn generate(&self, request: GenerateRequest) -> Result<ResponseStream, tonic::Status> {
+        self.start(request)
+    }
+}
+
+#[tonic::async_trait]
+impl Worker for MockWorker {
+    type GenerateStream = ResponseStream;
+
+    async fn generate(
+        &self,
+        request: tonic::Request<GenerateRequest>,
+    ) -> Result<tonic::Response<Self::GenerateStream>, tonic::Status> {
+        self.start(request.into_inner()).map(tonic::Response::new)
+    }
+
+    async fn get_load(
+        &self,
+        _request: tonic::Request<GetLoadRequest>,
+    ) -> Result<tonic::Response<GetLoadResponse>, tonic::Status> {
+        let ranks = self.ask(Command::Load).await?;
+        Ok(tonic::Response::new(GetLoadResponse { ranks }))
+    }
+
+    async fn clear_kv_blocks(
+        &self,
+        _request: tonic::Request<ClearKvBlocksRequest>,
+    ) -> Result<tonic::Response<ClearKvBlocksResponse>, tonic::Status> {
+        let cleared = self.ask(Command::Clear).await?;
+        Ok(tonic::Response::new(ClearKvBlocksResponse {
+            num_blocks_cleared: cleared.iter().sum(),
+        }))
+    }
+}
+
+/// Where a worker publishes.
+pub struct PublishTarget {
+    /// The event plane.
+    pub events: Arc<dyn EventPlane>,
+    /// Subject of this worker's KV events (its partition's subject).
+    pub kv_subject: String,
+    /// Subject of load reports.
+    pub load_subject: String,
+    /// The worker's instance id.
+    pub worker_id: u64,
+    /// Whether KV events are published at all (off without prefix caching).
+    pub publish_kv_events: bool,
+}
+
+/// Publishes a worker's KV events (durably, in order, retried until stored) and its load.
+pub async fn run_publisher(
+    target: PublishTarget,
+    num_ranks: usize,
+    mut outputs: mpsc::UnboundedReceiver<RankOutput>,
+    shutdown: CancellationToken,
+) {
+    let mut next_event_id = vec![0u64; num_ranks];
+    loop {
+        let first = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            output = outputs.recv() => match output {
+                Some(output) => output,
+                None => break,
+            },
+        };
+        let mut pending: Vec<Vec<KvEvent>> = vec![Vec::new(); num_ranks];
+        let mut output = Some(first);
+        while let Some(item) = output.take() {
+            match item {
+                RankOutput::KvEvents { dp_rank, events } if target.publish_kv_events => {
+                    let rank = dp_rank as usize;
+                    if let (Some(queue), Some(next)) =
+                        (pending.get_mut(rank), next_event_id.get_mut(rank))
+                    {
+                        for event in events {
+                            queue.push(to_proto(event, *next));
+                            *next += 1;
+                        }
+                    }
+                }
+                RankOutput::KvEvents { .. } => {}
+                RankOutput::Load(mut load) => {
+                    load.published_at_ms = now_ms();
+                    let payload = Bytes::from(load.encode_to_vec());
+                    if let Err(error) = target.events.publish(&target.load_subject, payload).await {
+                        tracing::debug!(%error, "load publish failed");
+                    }
+                }
+            }
+            output = outputs.try_recv().ok();
+        }
+        for (dp_rank, events) in pending.into_iter().enumerate() {
+            if !events.is_empty() {
+                publish_events(&target, dp_rank as u32, events, &shutdown).await;
+            }
+        }
+    }
+}
+
+async fn publish_events(
+    target: &PublishTarget,
+    dp_rank: u32,
+    events: Vec<KvEvent>,
+    shutdown: &CancellationToken,
+) {
+    let mut batch = KvEventBatch {
+        worker_id: target.worker_id,
+        dp_rank,
+        events: Vec::new(),
+        published_at_ms: now_ms(),
+        worker_removed: false,
+    };
+    for event in events {
+        batch.events.push(event);
+        if batch.encoded_len() >= MAX_BATCH_BYTES {
+            let full = std::mem::take(&mut batch.events);
+            publish_batch(target, &batch, full, shutdown).await;
+        }
+    }
+    let rest = std::mem::take(&mut batch.events);
+    if !rest.is_empty() {
+        publish_batch(target, &batch, rest, shutdown).await;
+    }
+}
+
+async fn publish_batch(
+    target: &PublishTarget,
+    header: &KvEventBatch,
+    events: Vec<KvEvent>,
+    shutdown: &CancellationToken,
+) {
+    let first_event_id = events.first().map(|e| e.event_id).unwrap_or(0);
+    let msg_id = format!(
+        "{:016x}-{}-{first_event_id}",
+        header.worker_id, header.dp_rank
+    );
+    let batch = KvEventBatch {
+        events,
+        ..header.clone()
+    };
+    let payload = Bytes::from(batch.encode_to_vec());
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match target
+            .events
+            .publish_durable(&target.kv_subject, &msg_id, payload.clone())
+            .await
+        {
+            Ok(_) => return,
+            Err(error) => {
+                tracing::warn!(%error, msg_id = %msg_id, "kv event publish failed, retrying");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+/// Converts an engine-core event to the wire form with its event id.
+pub fn to_proto(event: KvCacheEvent, event_id: u64) -> KvEvent {
+    let kind = match event {
+        KvCacheEvent::Stored {
+            parent_hash,
+            blocks,
+        } => kv_event::Kind::Stored(kvmesh_proto::v1::KvStored {
+            parent_hash,
+            blocks: blocks
+                .into_iter()
+                .map(|block| kvmesh_proto::v1::KvStoredBlock {
+                    block_hash: block.block_hash,
+                    tokens_hash: block.tokens_hash,
+                    mm_hashes: Vec::new(),
+                })
+                .collect(),
+            start_position: None,
+        }),
+        KvCacheEvent::Removed { block_hashes } => {
+            kv_event::Kind::Removed(kvmesh_proto::v1::KvRemoved { block_hashes })
+        }
+        KvCacheEvent::Cleared => kv_event::Kind::Cleared(kvmesh_proto::v1::KvCleared {}),
+    };
+    KvEvent {
+        event_id,
+        tier: StorageTier::Device as i32,
+        kind: Some(kind),
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
