@@ -1,0 +1,163 @@
+//! The frontend's error type and its single mapping to HTTP responses with the OpenAI error body.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use kvmesh_runtime::ErrorCode;
+
+/// Everything that can go wrong while serving one request.
+#[derive(Debug, thiserror::Error)]
+pub enum FrontendError {
+    /// The request is malformed or violates a limit; `param` names the field when known.
+    #[error("{message}")]
+    InvalidRequest {
+        /// What is wrong, for the client.
+        message: String,
+        /// The offending field.
+        param: Option<String>,
+    },
+    /// No model of that name is served.
+    #[error("model '{0}' not found")]
+    ModelNotFound(String),
+    /// The path is not a route.
+    #[error("route {0} not found")]
+    RouteNotFound(String),
+    /// The body is over the configured limit.
+    #[error("request body is larger than the limit of {limit_mb} MiB")]
+    PayloadTooLarge {
+        /// The limit in MiB.
+        limit_mb: u64,
+    },
+    /// The model is known but has no ready worker.
+    #[error("model '{0}' has no ready workers")]
+    NoWorkers(String),
+    /// The frontend is shutting down.
+    #[error("the server is shutting down")]
+    Draining,
+    /// The worker stayed silent past the backend stream timeout.
+    #[error("the worker did not respond within {0} s")]
+    Timeout(u64),
+    /// A recognised feature that is not supported.
+    #[error("{0}")]
+    NotImplemented(String),
+    /// The worker failed or returned an error status.
+    #[error("worker error: {message}")]
+    Worker {
+        /// How the worker's status classifies.
+        code: ErrorCode,
+        /// The worker's message.
+        message: String,
+    },
+    /// Anything unclassified; the message is logged, not sent.
+    #[error("internal error")]
+    Internal(String),
+}
+
+impl FrontendError {
+    /// Shorthand for a client mistake naming a field.
+    pub fn invalid(message: impl Into<String>, param: Option<&str>) -> Self {
+        Self::InvalidRequest {
+            message: message.into(),
+            param: param.map(str::to_string),
+        }
+    }
+
+    /// The protocol-independent kind of this error.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::InvalidRequest { .. } => ErrorCode::InvalidArgument,
+            Self::ModelNotFound(_) | Self::RouteNotFound(_) => ErrorCode::NotFound,
+            Self::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
+            Self::NoWorkers(_) | Self::Draining => ErrorCode::Unavailable,
+            Self::Timeout(_) => ErrorCode::Timeout,
+            Self::NotImplemented(_) => ErrorCode::NotImplemented,
+            Self::Worker { code, .. } => *code,
+            Self::Internal(_) => ErrorCode::Internal,
+        }
+    }
+
+    /// The OpenAI `code` field.
+    fn openai_code(&self) -> Option<&'static str> {
+        match self {
+            Self::ModelNotFound(_) => Some("model_not_found"),
+            Self::PayloadTooLarge { .. } => Some("request_too_large"),
+            _ => None,
+        }
+    }
+
+    /// The OpenAI error body: `{"error":{message,type,param,code}, message, type, code}`.
+    pub fn body(&self) -> serde_json::Value {
+        let code = self.code();
+        let message = self.to_string();
+        let kind = code.openai_type();
+        let param = match self {
+            Self::InvalidRequest { param, .. } => param.clone(),
+            _ => None,
+        };
+        let error_code = self.openai_code();
+        serde_json::json!({
+            "error": {"message": message, "type": kind, "param": param, "code": error_code},
+            "message": message,
+            "type": kind,
+            "code": error_code,
+        })
+    }
+
+    /// Builds the HTTP response with the configured overload status.
+    pub fn into_response_with(self, overload_status: u16) -> Response {
+        if let Self::Internal(detail) = &self {
+            tracing::error!(detail = %detail, "internal error");
+        }
+        let status = StatusCode::from_u16(self.code().http_status(overload_status))
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = self.body().to_string();
+        let mut response = (status, body).into_response();
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        response
+    }
+}
+
+impl From<tonic::Status> for FrontendError {
+    fn from(status: tonic::Status) -> Self {
+        Self::Worker {
+            code: ErrorCode::from_grpc(status.code()),
+            message: status.message().to_string(),
+        }
+    }
+}
+
+impl From<kvmesh_llm::LlmError> for FrontendError {
+    fn from(error: kvmesh_llm::LlmError) -> Self {
+        match error.code() {
+            kvmesh_llm::LlmErrorCode::InvalidArgument => {
+                Self::invalid(error.to_string(), error.param())
+            }
+            kvmesh_llm::LlmErrorCode::NotImplemented => Self::NotImplemented(error.to_string()),
+            kvmesh_llm::LlmErrorCode::Internal => Self::Internal(error.to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_has_openai_and_flat_fields() {
+        let error = FrontendError::invalid("messages must not be empty", Some("messages"));
+        let body = error.body();
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+        assert_eq!(body["error"]["param"], "messages");
+        assert_eq!(body["message"], "messages must not be empty");
+        let response = FrontendError::ModelNotFound("x".into()).into_response_with(529);
+        assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    }
+
+    #[test]
+    fn internal_errors_hide_details() {
+        let body = FrontendError::Internal("secret path /etc".into()).body();
+        assert_eq!(body["error"]["message"], "internal error");
+    }
+}

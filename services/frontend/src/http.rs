@@ -1,0 +1,156 @@
+//! The axum application: routes, shared state, body limits and error mapping.
+
+mod chat;
+mod completions;
+mod infra;
+pub mod sse;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::Router as AxumRouter;
+use axum::body::Bytes;
+use axum::extract::DefaultBodyLimit;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::Response;
+use axum::routing::{get, post};
+use kvmesh_runtime::shutdown::Inflight;
+
+use crate::error::FrontendError;
+use crate::metrics::FrontendMetrics;
+use crate::models::ModelTable;
+
+/// Request-independent settings of the HTTP edge.
+#[derive(Debug, Clone)]
+pub struct HttpSettings {
+    /// Body limit in MiB.
+    pub body_limit_mb: u64,
+    /// Status for "every worker busy".
+    pub overload_status: u16,
+    /// SSE keep-alive comment interval.
+    pub sse_keep_alive: Option<Duration>,
+    /// Deadline for the worker's first response.
+    pub backend_stream_timeout: Option<Duration>,
+}
+
+/// State shared by every handler.
+pub struct AppState {
+    /// The models and their workers.
+    pub models: ModelTable,
+    /// Metrics.
+    pub metrics: FrontendMetrics,
+    /// Settings.
+    pub settings: HttpSettings,
+    /// In-flight request counter, drained on shutdown.
+    pub inflight: Inflight,
+    /// Set once shutdown begins: new inference requests get 503.
+    pub draining: AtomicBool,
+}
+
+impl AppState {
+    /// Rejects new work while draining.
+    pub fn check_accepting(&self) -> Result<(), FrontendError> {
+        if self.draining.load(Ordering::Acquire) {
+            Err(FrontendError::Draining)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Maps an error to its response with this frontend's overload status.
+    pub fn error_response(&self, error: FrontendError) -> Response {
+        error.into_response_with(self.settings.overload_status)
+    }
+}
+
+/// Builds the application with every route of this release.
+pub fn app(state: Arc<AppState>) -> AxumRouter {
+    let body_limit = usize::try_from(state.settings.body_limit_mb.saturating_mul(1024 * 1024))
+        .unwrap_or(usize::MAX);
+    let path = |name: &str, default: &str| route_path(name, default);
+    AxumRouter::new()
+        .route(
+            &path("DYN_HTTP_SVC_CHAT_PATH", "/v1/chat/completions"),
+            post(chat::chat_completions),
+        )
+        .route(
+            &path("DYN_HTTP_SVC_CMP_PATH", "/v1/completions"),
+            post(completions::completions),
+        )
+        .route(
+            &path("DYN_HTTP_SVC_MODELS_PATH", "/v1/models"),
+            get(infra::list_models),
+        )
+        .route(
+            &path("DYN_HTTP_SVC_HEALTH_PATH", "/health"),
+            get(infra::health),
+        )
+        .route(&path("DYN_HTTP_SVC_LIVE_PATH", "/live"), get(infra::live))
+        .route(
+            &path("DYN_HTTP_SVC_METRICS_PATH", "/metrics"),
+            get(infra::metrics),
+        )
+        .fallback(infra::not_found)
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(state)
+}
+
+/// A route path from `{name}_ENV` or `{name}`, else the default (Dynamo's route overrides).
+fn route_path(name: &str, default: &str) -> String {
+    std::env::var(format!("{name}_ENV"))
+        .or_else(|_| std::env::var(name))
+        .ok()
+        .filter(|path| path.starts_with('/'))
+        .unwrap_or_else(|| default.to_string())
+}
+
+/// Turns the raw body into bytes, mapping an over-limit body to 413.
+pub(crate) fn body_bytes(
+    state: &AppState,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Bytes, FrontendError> {
+    body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            FrontendError::PayloadTooLarge {
+                limit_mb: state.settings.body_limit_mb,
+            }
+        } else {
+            FrontendError::invalid(format!("cannot read request body: {rejection}"), None)
+        }
+    })
+}
+
+/// Parses a JSON body into `T`, with a 400 that says what is wrong.
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, FrontendError> {
+    serde_json::from_slice(body).map_err(|error| {
+        let message = match error.classify() {
+            serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
+                format!("request body is not valid JSON: {error}")
+            }
+            _ => format!("invalid request: {error}"),
+        };
+        FrontendError::invalid(message, None)
+    })
+}
+
+/// The request id: a valid client `x-request-id`, else a new UUID.
+pub(crate) fn request_id(headers: &HeaderMap) -> String {
+    headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .map(str::to_string)
+        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string())
+}
+
+/// Adds `x-request-id` to a response.
+pub(crate) fn with_request_id(mut response: Response, request_id: &str) -> Response {
+    if let Ok(value) = HeaderValue::from_str(request_id) {
+        response
+            .headers_mut()
+            .insert(HeaderName::from_static("x-request-id"), value);
+    }
+    response
+}

@@ -1,0 +1,187 @@
+//! `POST /v1/chat/completions`.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use kvmesh_llm::openai::{
+    ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionObject, ChatCompletionRequest,
+    ChatCompletionResponse, ChatResponseMessage, Role, Usage,
+};
+
+use super::sse::{self, RequestScope};
+use super::{AppState, body_bytes, parse_json, request_id, with_request_id};
+use crate::error::FrontendError;
+use crate::generate::{self, TextDelta};
+use crate::models::find_model;
+use crate::pipeline::generate_request;
+
+/// Handles a chat completion, streaming or unary.
+pub async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let request_id = request_id(&headers);
+    let response = match handle(&state, &request_id, body).await {
+        Ok(response) => response,
+        Err(error) => state.error_response(error),
+    };
+    with_request_id(response, &request_id)
+}
+
+async fn handle(
+    state: &Arc<AppState>,
+    request_id: &str,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, FrontendError> {
+    state.check_accepting()?;
+    let body = body_bytes(state, body)?;
+    let request: ChatCompletionRequest = parse_json(&body)?;
+    request.validate()?;
+    let sampling = request.sampling_options();
+    super::completions::check_supported(&sampling)?;
+    let entry = find_model(&state.models, &request.model)?;
+    let stream = request.is_stream();
+    let mut scope = RequestScope::new(state, &entry, "chat_completions", stream);
+    let started = async {
+        let prompt = entry.pipeline.chat_prompt(&request)?;
+        let max_tokens =
+            entry
+                .pipeline
+                .fit_max_tokens(prompt.len(), sampling.max_tokens, "messages")?;
+        let output = entry.pipeline.output(&sampling, &prompt);
+        let num_prompt_tokens = prompt.len() as u32;
+        let worker_request = generate_request(
+            request_id.to_string(),
+            &entry.name,
+            prompt,
+            &sampling,
+            max_tokens,
+        );
+        let started = generate::start(
+            &entry,
+            worker_request,
+            state.settings.backend_stream_timeout,
+        )
+        .await?;
+        Ok::<_, FrontendError>((started, output, num_prompt_tokens))
+    }
+    .await;
+    let (started, output, num_prompt_tokens) = match started {
+        Ok(parts) => parts,
+        Err(error) => {
+            scope.finish(Some(&error));
+            return Err(error);
+        }
+    };
+    let nvext =
+        super::completions::response_nvext(&request.nvext, started.worker_id, started.dp_rank);
+    let deltas = generate::text_deltas(started, output, num_prompt_tokens, entry.metrics.clone());
+    let id = format!("chatcmpl-{request_id}");
+    let created = now_secs();
+    let model = entry.name.clone();
+
+    if !stream {
+        let mut deltas = std::pin::pin!(deltas);
+        let mut text = String::new();
+        let mut last = TextDelta::default();
+        while let Some(delta) = deltas.next().await {
+            match delta {
+                Ok(delta) => {
+                    text.push_str(&delta.text);
+                    last = delta;
+                }
+                Err(error) => {
+                    scope.finish(Some(&error));
+                    return Err(error);
+                }
+            }
+        }
+        let usage = last.usage.unwrap_or_default();
+        scope.observe_tokens(
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            usage.cached_tokens,
+        );
+        scope.finish(None);
+        let response = ChatCompletionResponse {
+            id,
+            object: ChatCompletionObject,
+            created,
+            model,
+            choices: vec![ChatChoice {
+                index: 0,
+                message: ChatResponseMessage {
+                    role: Role::Assistant,
+                    content: Some(text),
+                    ..Default::default()
+                },
+                logprobs: None,
+                finish_reason: last.finish_reason,
+            }],
+            usage: Some(Usage::new(
+                usage.prompt_tokens,
+                usage.completion_tokens,
+                Some(usage.cached_tokens),
+            )),
+            system_fingerprint: None,
+            nvext,
+        };
+        return Ok(axum::Json(response).into_response());
+    }
+
+    let include_usage = request.include_usage();
+    let events = async_stream::stream! {
+        let mut scope = scope;
+        let mut deltas = std::pin::pin!(deltas);
+        let mut first = ChatCompletionChunk::new(id.as_str(), model.as_str(), created, ChatChunkChoice::role(0), include_usage);
+        first.nvext = nvext;
+        yield sse::data_event(&first);
+        while let Some(delta) = deltas.next().await {
+            match delta {
+                Ok(delta) => {
+                    if !delta.text.is_empty() {
+                        let chunk = ChatCompletionChunk::new(id.as_str(), model.as_str(), created, ChatChunkChoice::content(0, delta.text.as_str()), include_usage);
+                        yield sse::data_event(&chunk);
+                    }
+                    if let Some(reason) = delta.finish_reason {
+                        let chunk = ChatCompletionChunk::new(id.as_str(), model.as_str(), created, ChatChunkChoice::finish(0, reason), include_usage);
+                        yield sse::data_event(&chunk);
+                        let usage = delta.usage.unwrap_or_default();
+                        scope.observe_tokens(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens);
+                        if include_usage {
+                            let usage = Usage::new(usage.prompt_tokens, usage.completion_tokens, Some(usage.cached_tokens));
+                            yield sse::data_event(&ChatCompletionChunk::usage_only(id.as_str(), model.as_str(), created, usage));
+                        }
+                        scope.finish(None);
+                        yield Bytes::from_static(sse::DONE);
+                        return;
+                    }
+                }
+                Err(error) => {
+                    scope.finish(Some(&error));
+                    yield sse::error_event(&error);
+                    return;
+                }
+            }
+        }
+        // Cancelled by the engine: end without a finish chunk.
+        scope.finish(None);
+        yield Bytes::from_static(sse::DONE);
+    };
+    Ok(sse::sse_response(events, state.settings.sse_keep_alive))
+}
+
+/// Seconds since the Unix epoch for `created` fields.
+pub(crate) fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}

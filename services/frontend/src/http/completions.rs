@@ -1,0 +1,297 @@
+//! `POST /v1/completions`, plus checks and `nvext` helpers shared with chat.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use kvmesh_llm::openai::{
+    CompletionChoice, CompletionChunk, CompletionChunkChoice, CompletionRequest,
+    CompletionResponse, Prompt, SamplingOptions, TextCompletionObject, Usage,
+};
+use serde_json::Value;
+
+use super::chat::now_secs;
+use super::sse::{self, RequestScope};
+use super::{AppState, body_bytes, parse_json, request_id, with_request_id};
+use crate::error::FrontendError;
+use crate::generate::{self, TextDelta};
+use crate::models::find_model;
+use crate::pipeline::generate_request;
+
+/// Handles a text completion, streaming or unary.
+pub async fn completions(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let request_id = request_id(&headers);
+    let response = match handle(&state, &request_id, body).await {
+        Ok(response) => response,
+        Err(error) => state.error_response(error),
+    };
+    with_request_id(response, &request_id)
+}
+
+/// Rejects options this release cannot honour, instead of ignoring them.
+pub(crate) fn check_supported(sampling: &SamplingOptions) -> Result<(), FrontendError> {
+    if sampling.n > 1 {
+        return Err(FrontendError::invalid(
+            format!("n = {} is not supported yet; only n = 1", sampling.n),
+            Some("n"),
+        ));
+    }
+    if sampling.logprobs.is_some() {
+        return Err(FrontendError::NotImplemented(
+            "logprobs are not supported by this release".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The response `nvext` for the fields the client asked for in `nvext.extra_fields`.
+pub(crate) fn response_nvext(
+    request_nvext: &Option<Value>,
+    worker_id: u64,
+    dp_rank: u32,
+) -> Option<Value> {
+    let wants_worker = request_nvext
+        .as_ref()
+        .and_then(|nvext| nvext.get("extra_fields"))
+        .and_then(Value::as_array)
+        .is_some_and(|fields| fields.iter().any(|f| f.as_str() == Some("worker_id")));
+    wants_worker.then(|| {
+        serde_json::json!({"worker_id": {
+            "prefill_worker_id": worker_id,
+            "prefill_dp_rank": dp_rank,
+            "decode_worker_id": worker_id,
+            "decode_dp_rank": dp_rank,
+        }})
+    })
+}
+
+fn check_prompt_shape(body: &Value) -> Result<(), FrontendError> {
+    let valid = match body.get("prompt") {
+        None => {
+            return Err(FrontendError::invalid(
+                "missing field `prompt`",
+                Some("prompt"),
+            ));
+        }
+        Some(Value::String(_)) => true,
+        Some(Value::Array(items)) => {
+            items.iter().all(Value::is_string)
+                || items
+                    .iter()
+                    .all(|v| v.as_u64().is_some_and(|n| n <= u64::from(u32::MAX)))
+                || items.iter().all(|v| {
+                    v.as_array().is_some_and(|inner| {
+                        inner
+                            .iter()
+                            .all(|t| t.as_u64().is_some_and(|n| n <= u64::from(u32::MAX)))
+                    })
+                })
+        }
+        Some(_) => false,
+    };
+    if valid {
+        Ok(())
+    } else {
+        Err(FrontendError::invalid(
+            "prompt must be a string, a list of strings, a list of token ids, or a list of token id lists",
+            Some("prompt"),
+        ))
+    }
+}
+
+async fn handle(
+    state: &Arc<AppState>,
+    request_id: &str,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, FrontendError> {
+    state.check_accepting()?;
+    let body = body_bytes(state, body)?;
+    let value: Value = parse_json(&body)?;
+    check_prompt_shape(&value)?;
+    let request: CompletionRequest = serde_json::from_value(value)
+        .map_err(|e| FrontendError::invalid(format!("invalid request: {e}"), None))?;
+    request.validate()?;
+    let sampling = request.sampling_options();
+    check_supported(&sampling)?;
+    if request.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(FrontendError::NotImplemented(
+            "suffix is not supported".into(),
+        ));
+    }
+    if request.prompt.len() != 1 {
+        return Err(FrontendError::invalid(
+            "exactly one prompt per request is supported",
+            Some("prompt"),
+        ));
+    }
+    let entry = find_model(&state.models, &request.model)?;
+    let stream = request.is_stream();
+    let echo = request.echo.unwrap_or(false);
+    let mut scope = RequestScope::new(state, &entry, "completions", stream);
+    let started = async {
+        let prompt = match &request.prompt {
+            Prompt::Text(text) => entry.pipeline.text_prompt(text)?,
+            Prompt::Texts(texts) => entry
+                .pipeline
+                .text_prompt(texts.first().map(String::as_str).unwrap_or(""))?,
+            Prompt::Tokens(tokens) => tokens.clone(),
+            Prompt::TokenBatches(batches) => batches.first().cloned().unwrap_or_default(),
+        };
+        if prompt.is_empty() {
+            return Err(FrontendError::invalid(
+                "prompt must not be empty",
+                Some("prompt"),
+            ));
+        }
+        let echoed = if echo {
+            Some(match &request.prompt {
+                Prompt::Text(text) => text.clone(),
+                Prompt::Texts(texts) => texts.first().cloned().unwrap_or_default(),
+                _ => entry.pipeline.decode(&prompt)?,
+            })
+        } else {
+            None
+        };
+        let max_tokens =
+            entry
+                .pipeline
+                .fit_max_tokens(prompt.len(), sampling.max_tokens, "prompt")?;
+        let output = entry.pipeline.output(&sampling, &prompt);
+        let num_prompt_tokens = prompt.len() as u32;
+        let worker_request = generate_request(
+            request_id.to_string(),
+            &entry.name,
+            prompt,
+            &sampling,
+            max_tokens,
+        );
+        let started = generate::start(
+            &entry,
+            worker_request,
+            state.settings.backend_stream_timeout,
+        )
+        .await?;
+        Ok::<_, FrontendError>((started, output, num_prompt_tokens, echoed))
+    }
+    .await;
+    let (started, output, num_prompt_tokens, echoed) = match started {
+        Ok(parts) => parts,
+        Err(error) => {
+            scope.finish(Some(&error));
+            return Err(error);
+        }
+    };
+    let nvext = response_nvext(&request.nvext, started.worker_id, started.dp_rank);
+    let deltas = generate::text_deltas(started, output, num_prompt_tokens, entry.metrics.clone());
+    let id = format!("cmpl-{request_id}");
+    let created = now_secs();
+    let model = entry.name.clone();
+
+    if !stream {
+        let mut deltas = std::pin::pin!(deltas);
+        let mut text = echoed.unwrap_or_default();
+        let mut last = TextDelta::default();
+        while let Some(delta) = deltas.next().await {
+            match delta {
+                Ok(delta) => {
+                    text.push_str(&delta.text);
+                    last = delta;
+                }
+                Err(error) => {
+                    scope.finish(Some(&error));
+                    return Err(error);
+                }
+            }
+        }
+        let usage = last.usage.unwrap_or_default();
+        scope.observe_tokens(
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            usage.cached_tokens,
+        );
+        scope.finish(None);
+        let response = CompletionResponse {
+            id,
+            object: TextCompletionObject,
+            created,
+            model,
+            choices: vec![CompletionChoice {
+                index: 0,
+                text,
+                logprobs: None,
+                finish_reason: last.finish_reason,
+            }],
+            usage: Some(Usage::new(
+                usage.prompt_tokens,
+                usage.completion_tokens,
+                Some(usage.cached_tokens),
+            )),
+            system_fingerprint: None,
+            nvext,
+        };
+        return Ok(axum::Json(response).into_response());
+    }
+
+    let include_usage = request.include_usage();
+    let events = async_stream::stream! {
+        let mut scope = scope;
+        let mut nvext = nvext;
+        let mut deltas = std::pin::pin!(deltas);
+        if let Some(echoed) = echoed {
+            let mut chunk = CompletionChunk::new(id.as_str(), model.as_str(), created, text_choice(echoed.as_str(), None), include_usage);
+            chunk.nvext = nvext.take();
+            yield sse::data_event(&chunk);
+        }
+        while let Some(delta) = deltas.next().await {
+            match delta {
+                Ok(delta) => {
+                    if delta.text.is_empty() && delta.finish_reason.is_none() {
+                        continue;
+                    }
+                    let mut chunk = CompletionChunk::new(id.as_str(), model.as_str(), created, text_choice(delta.text.as_str(), delta.finish_reason), include_usage);
+                    chunk.nvext = nvext.take();
+                    yield sse::data_event(&chunk);
+                    if delta.finish_reason.is_some() {
+                        let usage = delta.usage.unwrap_or_default();
+                        scope.observe_tokens(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens);
+                        if include_usage {
+                            let usage = Usage::new(usage.prompt_tokens, usage.completion_tokens, Some(usage.cached_tokens));
+                            yield sse::data_event(&CompletionChunk::usage_only(id.as_str(), model.as_str(), created, usage));
+                        }
+                        scope.finish(None);
+                        yield Bytes::from_static(sse::DONE);
+                        return;
+                    }
+                }
+                Err(error) => {
+                    scope.finish(Some(&error));
+                    yield sse::error_event(&error);
+                    return;
+                }
+            }
+        }
+        scope.finish(None);
+        yield Bytes::from_static(sse::DONE);
+    };
+    Ok(sse::sse_response(events, state.settings.sse_keep_alive))
+}
+
+fn text_choice(
+    text: &str,
+    finish_reason: Option<kvmesh_llm::openai::FinishReason>,
+) -> CompletionChunkChoice<'_> {
+    CompletionChunkChoice {
+        index: 0,
+        text: text.into(),
+        logprobs: None,
+        finish_reason,
+    }
+}

@@ -1,0 +1,65 @@
+//! Infrastructure routes: models list, health, liveness, metrics, and the 404 fallback.
+
+use std::sync::Arc;
+
+use axum::extract::{OriginalUri, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use super::AppState;
+use crate::error::FrontendError;
+
+/// `GET /v1/models`: ready models only.
+pub async fn list_models(State(state): State<Arc<AppState>>) -> Response {
+    let table = state.models.load();
+    let mut names: Vec<_> = table
+        .values()
+        .filter(|entry| !entry.workers.is_empty())
+        .collect();
+    names.sort_by(|a, b| a.name.cmp(&b.name));
+    let data: Vec<_> = names
+        .iter()
+        .map(|entry| {
+            json!({"id": entry.name, "object": "model", "created": entry.created, "owned_by": "kvmesh"})
+        })
+        .collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// `GET /health`: 200 when at least one model is ready.
+pub async fn health(State(state): State<Arc<AppState>>) -> Response {
+    let table = state.models.load();
+    let ready: Vec<&str> = table
+        .values()
+        .filter(|entry| !entry.workers.is_empty())
+        .map(|entry| entry.name.as_str())
+        .collect();
+    let instances: usize = table.values().map(|entry| entry.workers.len()).sum();
+    if ready.is_empty() || state.draining.load(std::sync::atomic::Ordering::Acquire) {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"status": "unhealthy", "models": ready})),
+        )
+            .into_response()
+    } else {
+        axum::Json(json!({"status": "healthy", "models": ready, "num_instances": instances}))
+            .into_response()
+    }
+}
+
+/// `GET /live`: 200 while the process runs.
+pub async fn live() -> Response {
+    axum::Json(json!({"status": "live"})).into_response()
+}
+
+/// `GET /metrics`: Prometheus text.
+pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let text = kvmesh_runtime::telemetry::encode_metrics(&state.metrics.registry);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// Any other path: 404 with the OpenAI error body.
+pub async fn not_found(State(state): State<Arc<AppState>>, uri: OriginalUri) -> Response {
+    state.error_response(FrontendError::RouteNotFound(uri.path().to_string()))
+}

@@ -1,0 +1,150 @@
+//! Server-sent events framing, the request life-cycle guard shared by every endpoint, and the
+//! keep-alive heartbeat.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderValue, header};
+use axum::response::Response;
+use futures::{Stream, StreamExt};
+use kvmesh_runtime::shutdown::InflightGuard;
+use serde::Serialize;
+
+use super::AppState;
+use crate::error::FrontendError;
+use crate::models::ModelEntry;
+
+/// The terminator of chat and completions streams.
+pub const DONE: &[u8] = b"data: [DONE]\n\n";
+
+/// Frames one JSON event as `data: <json>\n\n`.
+pub fn data_event<T: Serialize>(value: &T) -> Bytes {
+    let mut buffer = Vec::with_capacity(256);
+    buffer.extend_from_slice(b"data: ");
+    if serde_json::to_writer(&mut buffer, value).is_err() {
+        buffer.truncate(6);
+        buffer.extend_from_slice(b"{}");
+    }
+    buffer.extend_from_slice(b"\n\n");
+    Bytes::from(buffer)
+}
+
+/// Frames an error after the stream has started: `data: {"error":{...}}`, no `[DONE]` follows.
+pub fn error_event(error: &FrontendError) -> Bytes {
+    let body = error.body();
+    data_event(&serde_json::json!({"error": body["error"]}))
+}
+
+/// A streaming response from a stream of framed events, with optional keep-alive comments.
+pub fn sse_response(
+    events: impl Stream<Item = Bytes> + Send + 'static,
+    keep_alive: Option<Duration>,
+) -> Response {
+    let body = match keep_alive {
+        Some(interval) => Body::from_stream(
+            with_keep_alive(events, interval).map(Ok::<_, std::convert::Infallible>),
+        ),
+        None => Body::from_stream(events.map(Ok::<_, std::convert::Infallible>)),
+    };
+    let mut response = Response::new(body);
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+fn with_keep_alive(
+    events: impl Stream<Item = Bytes> + Send + 'static,
+    interval: Duration,
+) -> impl Stream<Item = Bytes> + Send + 'static {
+    async_stream::stream! {
+        let mut events = std::pin::pin!(events);
+        loop {
+            match tokio::time::timeout(interval, events.next()).await {
+                Ok(Some(event)) => yield event,
+                Ok(None) => return,
+                Err(_) => yield Bytes::from_static(b": keep-alive\n\n"),
+            }
+        }
+    }
+}
+
+/// Tracks one request from admission to its end: in-flight counts, duration, outcome metrics,
+/// and a client that went away before the end (the guard dropped unfinished).
+pub struct RequestScope {
+    state: Arc<AppState>,
+    model: Arc<ModelEntry>,
+    endpoint: &'static str,
+    stream: bool,
+    started: Instant,
+    finished: bool,
+    _inflight: InflightGuard,
+}
+
+impl RequestScope {
+    /// Starts tracking a request for `model`.
+    pub fn new(
+        state: &Arc<AppState>,
+        model: &Arc<ModelEntry>,
+        endpoint: &'static str,
+        stream: bool,
+    ) -> Self {
+        model.metrics.inflight.inc();
+        Self {
+            _inflight: state.inflight.enter(),
+            state: state.clone(),
+            model: model.clone(),
+            endpoint,
+            stream,
+            started: Instant::now(),
+            finished: false,
+        }
+    }
+
+    /// Records the end of the request.
+    pub fn finish(&mut self, error: Option<&FrontendError>) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        self.state.metrics.count_request(
+            &self.model.name,
+            self.endpoint,
+            self.stream,
+            error.map(|e| e.code().metric_label()),
+        );
+        self.model
+            .metrics
+            .duration
+            .observe(self.started.elapsed().as_secs_f64());
+    }
+
+    /// Records the token counts of a finished request.
+    pub fn observe_tokens(&self, prompt: u32, completion: u32, cached: u32) {
+        let metrics = &self.model.metrics;
+        metrics.input_tokens.observe(f64::from(prompt));
+        metrics.output_tokens.observe(f64::from(completion));
+        metrics.output_tokens_total.inc_by(u64::from(completion));
+        metrics.cached_tokens.observe(f64::from(cached));
+    }
+}
+
+impl Drop for RequestScope {
+    fn drop(&mut self) {
+        self.model.metrics.inflight.dec();
+        if !self.finished {
+            self.model.metrics.disconnected.inc();
+            self.finished = true;
+            self.state.metrics.count_request(
+                &self.model.name,
+                self.endpoint,
+                self.stream,
+                Some(kvmesh_runtime::ErrorCode::Cancelled.metric_label()),
+            );
+        }
+    }
+}

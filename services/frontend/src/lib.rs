@@ -1,0 +1,182 @@
+//! The kvmesh frontend: the OpenAI-compatible HTTP edge in front of the workers found in
+//! discovery.
+//!
+//! [`run`] wires configuration, discovery, the model table and the axum server; the request path
+//! lives in [`http`] (parsing, validation, errors), [`pipeline`] (chat template, tokenizer,
+//! detokenizer, stop strings) and [`generate`] (routing and the worker stream).
+
+pub mod error;
+pub mod generate;
+pub mod http;
+pub mod metrics;
+pub mod models;
+pub mod opts;
+pub mod pipeline;
+pub mod router;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use axum::serve::ListenerExt;
+use kvmesh_proto::v1::InstanceRecord;
+use kvmesh_runtime::connect::{self, Embedded};
+use kvmesh_runtime::names;
+use kvmesh_runtime::shutdown::Inflight;
+use kvmesh_runtime::worker_client::GrpcSettings;
+use tokio_util::sync::CancellationToken;
+
+pub use opts::FrontendOpts;
+
+use crate::http::{AppState, HttpSettings};
+use crate::metrics::FrontendMetrics;
+use crate::models::{NamespaceFilter, WatcherConfig};
+
+/// Runs the frontend until `shutdown`: unregisters, refuses new requests, drains in-flight ones
+/// within the graceful-shutdown limit, then stops.
+pub async fn run(
+    opts: FrontendOpts,
+    embedded: Option<Embedded>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let args = &opts.frontend;
+    args.validate().map_err(|e| anyhow::anyhow!(e))?;
+    let metrics = FrontendMetrics::new(&args.metrics_prefix).context("register metrics")?;
+    let discovery = connect::discovery(&opts.runtime, embedded.as_ref()).await?;
+    let table = models::empty_table();
+
+    let watcher = WatcherConfig {
+        namespaces: NamespaceFilter {
+            exact: args.namespace.clone(),
+            prefix: args.namespace_prefix.clone(),
+        },
+        model_path: args.model_path.clone(),
+        model_name: args.model_name.clone(),
+        kv_cache_block_size: args.kv_cache_block_size,
+        make_router: {
+            let mode = args.router_mode;
+            Box::new(move || Arc::from(router::build_router(mode, seed_now())))
+        },
+        grpc: GrpcSettings::default(),
+    };
+    let watch_shutdown = shutdown.child_token();
+    let watch_task = tokio::spawn(models::watch_models(
+        discovery.clone(),
+        table.clone(),
+        metrics.clone(),
+        watcher,
+        watch_shutdown.clone(),
+    ));
+
+    let http = &args.http;
+    let state = Arc::new(AppState {
+        models: table,
+        metrics,
+        settings: HttpSettings {
+            body_limit_mb: http.http_body_limit_mb,
+            overload_status: http.http_overload_status_code,
+            sse_keep_alive: http
+                .http_sse_keep_alive_interval_ms
+                .map(Duration::from_millis),
+            backend_stream_timeout: http
+                .http_backend_stream_timeout_secs
+                .map(Duration::from_secs),
+        },
+        inflight: Inflight::new(),
+        draining: AtomicBool::new(false),
+    });
+    let bind: SocketAddr = format!("{}:{}", http.http_host, http.http_port)
+        .parse()
+        .with_context(|| {
+            format!(
+                "--http-host {} / --http-port {}",
+                http.http_host, http.http_port
+            )
+        })?;
+    let listener = tokio::net::TcpListener::bind(bind)
+        .await
+        .with_context(|| format!("bind HTTP on {bind}"))?;
+    let local = listener.local_addr()?;
+    let listener = listener.tap_io(|stream| {
+        if let Err(error) = stream.set_nodelay(true) {
+            tracing::debug!(%error, "cannot set TCP_NODELAY");
+        }
+    });
+    let app = http::app(state.clone());
+
+    let instance_id = discovery.instance_id();
+    let namespace = args
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "dynamo".to_string());
+    let record = InstanceRecord {
+        namespace: namespace.clone(),
+        component: "frontend".into(),
+        endpoint: "http".into(),
+        instance_id,
+        address: local.to_string(),
+        transport: "http".into(),
+        device_type: "cpu".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        started_at_ms: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
+        ..Default::default()
+    };
+    discovery
+        .put(
+            &names::instance_key(&namespace, "frontend", "http", instance_id),
+            serde_json::to_vec(&record)?.into(),
+        )
+        .await?;
+    tracing::info!(address = %local, "frontend listening");
+
+    let stop_serving = CancellationToken::new();
+    let server = {
+        let stop = stop_serving.clone();
+        tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(stop.cancelled_owned())
+                .await
+        })
+    };
+
+    let lease_lost = discovery.lease_lost();
+    let mut failure = None;
+    tokio::select! {
+        _ = shutdown.cancelled() => {}
+        _ = lease_lost.cancelled() => failure = Some("discovery lease lost".to_string()),
+    }
+    if let Err(error) = discovery.revoke().await {
+        tracing::warn!(%error, "unregister failed");
+    }
+    state.draining.store(true, Ordering::Release);
+    let limit = Duration::from_secs(http.http_graceful_shutdown_timeout_secs);
+    if !state.inflight.drain(limit).await {
+        tracing::warn!(remaining = state.inflight.count(), "drain limit reached");
+    }
+    stop_serving.cancel();
+    watch_shutdown.cancel();
+    match tokio::time::timeout(Duration::from_secs(2), server).await {
+        Ok(Ok(Err(error))) => failure = failure.or(Some(format!("http server: {error}"))),
+        Ok(Err(error)) => failure = failure.or(Some(format!("http server task: {error}"))),
+        _ => {}
+    }
+    if let Ok(Ok(Err(error))) = tokio::time::timeout(Duration::from_secs(1), watch_task).await {
+        tracing::warn!(%error, "model watcher stopped with an error");
+    }
+    match failure {
+        Some(message) => anyhow::bail!(message),
+        None => Ok(()),
+    }
+}
+
+fn seed_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}

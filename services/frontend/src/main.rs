@@ -1,0 +1,14 @@
+//! `kvmesh-frontend`: the OpenAI-compatible HTTP edge.
+
+use kvmesh_frontend::FrontendOpts;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let opts: FrontendOpts = kvmesh_runtime::config::parse_args(|o: &FrontendOpts| &o.runtime);
+    if let Err(message) = opts.frontend.validate() {
+        kvmesh_runtime::config::exit_config_error(&message);
+    }
+    kvmesh_runtime::telemetry::init_tracing(opts.runtime.log_format);
+    let shutdown = kvmesh_runtime::shutdown::signal_token();
+    kvmesh_frontend::run(opts, None, shutdown).await
+}

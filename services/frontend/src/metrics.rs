@@ -1,0 +1,162 @@
+//! The frontend's Prometheus metrics (openai.md section 9), with per-model handles resolved once
+//! so the request path does not hash label sets.
+
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
+};
+
+/// Every frontend metric, registered in one registry.
+#[derive(Clone)]
+pub struct FrontendMetrics {
+    /// The registry `/metrics` renders.
+    pub registry: Registry,
+    requests_total: IntCounterVec,
+    inflight: IntGaugeVec,
+    disconnected: IntCounterVec,
+    duration: HistogramVec,
+    ttft: HistogramVec,
+    itl: HistogramVec,
+    input_tokens: HistogramVec,
+    output_tokens: HistogramVec,
+    output_tokens_total: IntCounterVec,
+    cached_tokens: HistogramVec,
+}
+
+fn token_buckets() -> Vec<f64> {
+    prometheus::exponential_buckets(1.0, 2.0, 18).unwrap_or_default()
+}
+
+fn latency_buckets() -> Vec<f64> {
+    prometheus::exponential_buckets(0.0005, 2.0, 18).unwrap_or_default()
+}
+
+impl FrontendMetrics {
+    /// Creates and registers every metric under `prefix`.
+    pub fn new(prefix: &str) -> prometheus::Result<Self> {
+        let registry = Registry::new();
+        let name = |suffix: &str| format!("{prefix}_{suffix}");
+        let requests_total = IntCounterVec::new(
+            Opts::new(name("requests_total"), "requests by outcome"),
+            &["model", "endpoint", "request_type", "status", "error_type"],
+        )?;
+        let inflight = IntGaugeVec::new(
+            Opts::new(name("inflight_requests"), "requests being served"),
+            &["model"],
+        )?;
+        let disconnected = IntCounterVec::new(
+            Opts::new(
+                name("disconnected_clients"),
+                "clients that left mid-request",
+            ),
+            &["model"],
+        )?;
+        let histogram = |suffix: &str, help: &str, buckets: Vec<f64>| {
+            HistogramVec::new(
+                HistogramOpts::new(name(suffix), help.to_string()).buckets(buckets),
+                &["model"],
+            )
+        };
+        let duration = histogram(
+            "request_duration_seconds",
+            "request duration",
+            latency_buckets(),
+        )?;
+        let ttft = histogram(
+            "time_to_first_token_seconds",
+            "time to first token",
+            latency_buckets(),
+        )?;
+        let itl = histogram(
+            "inter_token_latency_seconds",
+            "time between tokens",
+            latency_buckets(),
+        )?;
+        let input_tokens = histogram("input_sequence_tokens", "prompt tokens", token_buckets())?;
+        let output_tokens = histogram("output_sequence_tokens", "output tokens", token_buckets())?;
+        let cached_tokens = histogram("cached_tokens", "prompt tokens cached", token_buckets())?;
+        let output_tokens_total = IntCounterVec::new(
+            Opts::new(name("output_tokens_total"), "output tokens"),
+            &["model"],
+        )?;
+        registry.register(Box::new(requests_total.clone()))?;
+        registry.register(Box::new(inflight.clone()))?;
+        registry.register(Box::new(disconnected.clone()))?;
+        registry.register(Box::new(duration.clone()))?;
+        registry.register(Box::new(ttft.clone()))?;
+        registry.register(Box::new(itl.clone()))?;
+        registry.register(Box::new(input_tokens.clone()))?;
+        registry.register(Box::new(output_tokens.clone()))?;
+        registry.register(Box::new(output_tokens_total.clone()))?;
+        registry.register(Box::new(cached_tokens.clone()))?;
+        Ok(Self {
+            registry,
+            requests_total,
+            inflight,
+            disconnected,
+            duration,
+            ttft,
+            itl,
+            input_tokens,
+            output_tokens,
+            output_tokens_total,
+            cached_tokens,
+        })
+    }
+
+    /// Handles for one model, resolved once per model.
+    pub fn for_model(&self, model: &str) -> ModelMetrics {
+        ModelMetrics {
+            inflight: self.inflight.with_label_values(&[model]),
+            disconnected: self.disconnected.with_label_values(&[model]),
+            duration: self.duration.with_label_values(&[model]),
+            ttft: self.ttft.with_label_values(&[model]),
+            itl: self.itl.with_label_values(&[model]),
+            input_tokens: self.input_tokens.with_label_values(&[model]),
+            output_tokens: self.output_tokens.with_label_values(&[model]),
+            output_tokens_total: self.output_tokens_total.with_label_values(&[model]),
+            cached_tokens: self.cached_tokens.with_label_values(&[model]),
+        }
+    }
+
+    /// Counts one finished request.
+    pub fn count_request(
+        &self,
+        model: &str,
+        endpoint: &str,
+        stream: bool,
+        error_type: Option<&str>,
+    ) {
+        let request_type = if stream { "stream" } else { "unary" };
+        let (status, error_type) = match error_type {
+            None => ("success", ""),
+            Some(kind) => ("error", kind),
+        };
+        self.requests_total
+            .with_label_values(&[model, endpoint, request_type, status, error_type])
+            .inc();
+    }
+}
+
+/// One model's metric handles.
+#[derive(Clone)]
+pub struct ModelMetrics {
+    /// Requests being served.
+    pub inflight: IntGauge,
+    /// Clients that disconnected before the end.
+    pub disconnected: IntCounter,
+    /// Whole-request duration.
+    pub duration: Histogram,
+    /// Time to first token.
+    pub ttft: Histogram,
+    /// Inter-token latency.
+    pub itl: Histogram,
+    /// Prompt length.
+    pub input_tokens: Histogram,
+    /// Output length.
+    pub output_tokens: Histogram,
+    /// Output tokens in all.
+    pub output_tokens_total: IntCounter,
+    /// Cached prompt tokens per request.
+    pub cached_tokens: Histogram,
+}

@@ -1,0 +1,348 @@
+//! The frontend's view of the mesh: which models are served and by which workers, kept up to date
+//! from discovery and read lock-free by every request.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use arc_swap::ArcSwap;
+use futures::StreamExt;
+use kvmesh_proto::v1::{InstanceRecord, ModelCard, ModelRecord};
+use kvmesh_runtime::discovery::{Discovery, WatchEvent};
+use kvmesh_runtime::worker_client::{GrpcSettings, WorkerEndpoint, connect_worker};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::FrontendError;
+use crate::metrics::{FrontendMetrics, ModelMetrics};
+use crate::pipeline::Pipeline;
+use crate::router::Router;
+
+/// How long a model stays listed (answering 503) after its last worker left.
+pub const MODEL_GRACE: Duration = Duration::from_secs(30);
+
+/// A worker that can serve a model.
+#[derive(Clone)]
+pub struct WorkerRef {
+    /// Discovery instance id.
+    pub id: u64,
+    /// How to reach it.
+    pub endpoint: Arc<dyn WorkerEndpoint>,
+}
+
+/// Everything a request for one model needs, immutable once published.
+pub struct ModelEntry {
+    /// Served model name.
+    pub name: String,
+    /// Creation time (Unix seconds) reported by `/v1/models`.
+    pub created: u64,
+    /// Tokenizer, chat template and output processing.
+    pub pipeline: Arc<Pipeline>,
+    /// Workers in routing order.
+    pub workers: Vec<WorkerRef>,
+    /// Their ids, in the same order, for the router.
+    pub worker_ids: Vec<u64>,
+    /// The model's routing policy (shared across table versions so its state persists).
+    pub router: Arc<dyn Router>,
+    /// Metric handles.
+    pub metrics: ModelMetrics,
+    /// Maximum prompt plus output tokens (0 = unknown).
+    pub context_length: u32,
+    /// Tokens per KV block.
+    pub kv_cache_block_size: u32,
+}
+
+/// The table every request reads.
+pub type ModelTable = Arc<ArcSwap<HashMap<String, Arc<ModelEntry>>>>;
+
+/// Creates an empty table.
+pub fn empty_table() -> ModelTable {
+    Arc::new(ArcSwap::from_pointee(HashMap::new()))
+}
+
+/// Looks a model up for a request: 404 when unknown, 503 when known without workers.
+pub fn find_model(table: &ModelTable, name: &str) -> Result<Arc<ModelEntry>, FrontendError> {
+    match table.load().get(name) {
+        Some(entry) if !entry.workers.is_empty() => Ok(entry.clone()),
+        Some(_) => Err(FrontendError::NoWorkers(name.to_string())),
+        None => Err(FrontendError::ModelNotFound(name.to_string())),
+    }
+}
+
+/// Which namespaces this frontend serves.
+#[derive(Debug, Clone, Default)]
+pub struct NamespaceFilter {
+    /// Exact namespace.
+    pub exact: Option<String>,
+    /// Namespace prefix; wins over `exact`.
+    pub prefix: Option<String>,
+}
+
+impl NamespaceFilter {
+    /// Whether records of `namespace` are served.
+    pub fn accepts(&self, namespace: &str) -> bool {
+        match (&self.prefix, &self.exact) {
+            (Some(prefix), _) => namespace.starts_with(prefix.as_str()),
+            (None, Some(exact)) => namespace == exact,
+            (None, None) => true,
+        }
+    }
+}
+
+/// Settings of the model watcher.
+pub struct WatcherConfig {
+    /// Namespace filter.
+    pub namespaces: NamespaceFilter,
+    /// `--model-path`: tokenizer and template from here instead of the card's source.
+    pub model_path: Option<PathBuf>,
+    /// `--model-name`: restricts `--model-path` to this model.
+    pub model_name: Option<String>,
+    /// `--kv-cache-block-size` override.
+    pub kv_cache_block_size: Option<u32>,
+    /// Builds each model's router.
+    pub make_router: Box<dyn Fn() -> Arc<dyn Router> + Send + Sync>,
+    /// gRPC settings for worker connections.
+    pub grpc: GrpcSettings,
+}
+
+struct ModelState {
+    card: ModelCard,
+    checksum: String,
+    pipeline: Arc<Pipeline>,
+    router: Arc<dyn Router>,
+    metrics: ModelMetrics,
+    created: u64,
+    workers: BTreeMap<u64, WorkerRef>,
+    empty_since: Option<Instant>,
+}
+
+#[derive(Default)]
+struct Known {
+    instances: HashMap<String, InstanceRecord>,
+    models: HashMap<String, ModelRecord>,
+}
+
+/// Watches discovery and keeps `table` current until `shutdown`.
+pub async fn watch_models(
+    discovery: Arc<dyn Discovery>,
+    table: ModelTable,
+    metrics: FrontendMetrics,
+    config: WatcherConfig,
+    shutdown: CancellationToken,
+) -> Result<(), FrontendError> {
+    let mut stream = discovery
+        .watch("/kvmesh/")
+        .await
+        .map_err(|e| FrontendError::Internal(format!("discovery watch: {e}")))?;
+    let mut known = Known::default();
+    let mut models: HashMap<String, ModelState> = HashMap::new();
+    let mut pipelines: HashMap<PathBuf, Arc<Pipeline>> = HashMap::new();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            _ = tick.tick() => {
+                let before = models.len();
+                models.retain(|name, state| {
+                    let expired = state.empty_since.is_some_and(|since| since.elapsed() >= MODEL_GRACE);
+                    if expired {
+                        tracing::info!(model = %name, "model unlisted: no workers");
+                    }
+                    !expired
+                });
+                if models.len() != before {
+                    publish(&table, &models);
+                }
+            }
+            event = stream.next() => {
+                let Some(event) = event else {
+                    return Err(FrontendError::Internal("discovery watch ended".into()));
+                };
+                apply_event(event, &mut known, &config);
+                reconcile(&known, &mut models, &mut pipelines, &metrics, &config).await;
+                publish(&table, &models);
+            }
+        }
+    }
+}
+
+fn apply_event(event: WatchEvent, known: &mut Known, config: &WatcherConfig) {
+    match event {
+        WatchEvent::Put { key, value } => {
+            if key.contains("/instances/") {
+                match serde_json::from_slice::<InstanceRecord>(&value) {
+                    Ok(record) if config.namespaces.accepts(&record.namespace) => {
+                        known.instances.insert(key, record);
+                    }
+                    Ok(_) => {}
+                    Err(error) => tracing::warn!(%key, %error, "undecodable instance record"),
+                }
+            } else if key.contains("/models/") {
+                match serde_json::from_slice::<ModelRecord>(&value) {
+                    Ok(record) if config.namespaces.accepts(&record.namespace) => {
+                        known.models.insert(key, record);
+                    }
+                    Ok(_) => {}
+                    Err(error) => tracing::warn!(%key, %error, "undecodable model record"),
+                }
+            }
+        }
+        WatchEvent::Delete { key } => {
+            known.instances.remove(&key);
+            known.models.remove(&key);
+        }
+    }
+}
+
+/// Rebuilds model states from the known records: a worker serves a model once both its instance
+/// record and its model record are present.
+async fn reconcile(
+    known: &Known,
+    models: &mut HashMap<String, ModelState>,
+    pipelines: &mut HashMap<PathBuf, Arc<Pipeline>>,
+    metrics: &FrontendMetrics,
+    config: &WatcherConfig,
+) {
+    let instances: HashMap<(String, u64), &InstanceRecord> = known
+        .instances
+        .values()
+        .map(|record| ((record.namespace.clone(), record.instance_id), record))
+        .collect();
+    let mut serving: HashMap<String, Vec<(&ModelRecord, &InstanceRecord)>> = HashMap::new();
+    for record in known.models.values() {
+        if let Some(instance) = instances.get(&(record.namespace.clone(), record.instance_id)) {
+            serving
+                .entry(record.model.clone())
+                .or_default()
+                .push((record, instance));
+        }
+    }
+    for (name, records) in &serving {
+        if !models.contains_key(name) {
+            let Some((record, _)) = records.first() else {
+                continue;
+            };
+            let card = record.card.clone().unwrap_or_default();
+            let source = model_source(&card, name, config);
+            let pipeline = match pipelines.get(&source) {
+                Some(pipeline) => pipeline.clone(),
+                None => match load_pipeline(&source, &card).await {
+                    Ok(pipeline) => {
+                        pipelines.insert(source.clone(), pipeline.clone());
+                        pipeline
+                    }
+                    Err(error) => {
+                        tracing::error!(model = %name, path = %source.display(), %error, "cannot load model");
+                        continue;
+                    }
+                },
+            };
+            tracing::info!(model = %name, "model added");
+            models.insert(
+                name.clone(),
+                ModelState {
+                    checksum: record.card_checksum.clone(),
+                    card,
+                    pipeline,
+                    router: (config.make_router)(),
+                    metrics: metrics.for_model(name),
+                    created: SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .map(|d| d.as_secs())
+                        .unwrap_or(0),
+                    workers: BTreeMap::new(),
+                    empty_since: None,
+                },
+            );
+        }
+        let Some(state) = models.get_mut(name) else {
+            continue;
+        };
+        let mut workers = BTreeMap::new();
+        for (record, instance) in records {
+            if record.card_checksum != state.checksum {
+                tracing::info!(model = %name, worker_id = record.instance_id, "worker card differs, newest wins");
+                if let Some(card) = &record.card {
+                    state.card = card.clone();
+                }
+                state.checksum = record.card_checksum.clone();
+            }
+            let worker = match state.workers.get(&instance.instance_id) {
+                Some(existing) => existing.clone(),
+                None => match connect_worker(&instance.address, &config.grpc) {
+                    Ok(endpoint) => {
+                        tracing::info!(model = %name, worker_id = instance.instance_id, address = %instance.address, "worker added");
+                        WorkerRef {
+                            id: instance.instance_id,
+                            endpoint,
+                        }
+                    }
+                    Err(error) => {
+                        tracing::warn!(worker_id = instance.instance_id, %error, "cannot reach worker");
+                        continue;
+                    }
+                },
+            };
+            workers.insert(instance.instance_id, worker);
+        }
+        for id in state.workers.keys() {
+            if !workers.contains_key(id) {
+                tracing::info!(model = %name, worker_id = id, "worker removed");
+            }
+        }
+        state.workers = workers;
+    }
+    for (name, state) in models.iter_mut() {
+        if !serving.contains_key(name) && !state.workers.is_empty() {
+            for id in state.workers.keys() {
+                tracing::info!(model = %name, worker_id = id, "worker removed");
+            }
+            state.workers.clear();
+        }
+        match (state.workers.is_empty(), state.empty_since) {
+            (true, None) => state.empty_since = Some(Instant::now()),
+            (false, Some(_)) => state.empty_since = None,
+            _ => {}
+        }
+    }
+}
+
+fn model_source(card: &ModelCard, name: &str, config: &WatcherConfig) -> PathBuf {
+    match (&config.model_path, &config.model_name) {
+        (Some(path), Some(only)) if only == name => path.clone(),
+        (Some(path), None) => path.clone(),
+        _ => PathBuf::from(&card.source_path),
+    }
+}
+
+async fn load_pipeline(path: &Path, card: &ModelCard) -> Result<Arc<Pipeline>, String> {
+    let path = path.to_path_buf();
+    let card = card.clone();
+    tokio::task::spawn_blocking(move || Pipeline::load(&path, &card).map(Arc::new))
+        .await
+        .map_err(|e| format!("model load task failed: {e}"))?
+        .map_err(|e| e.to_string())
+}
+
+fn publish(table: &ModelTable, models: &HashMap<String, ModelState>) {
+    let mut next = HashMap::with_capacity(models.len());
+    for (name, state) in models {
+        let workers: Vec<WorkerRef> = state.workers.values().cloned().collect();
+        let worker_ids = workers.iter().map(|w| w.id).collect();
+        next.insert(
+            name.clone(),
+            Arc::new(ModelEntry {
+                name: name.clone(),
+                created: state.created,
+                pipeline: state.pipeline.clone(),
+                workers,
+                worker_ids,
+                router: state.router.clone(),
+                metrics: state.metrics.clone(),
+                context_length: state.card.context_length,
+                kv_cache_block_size: state.card.kv_cache_block_size,
+            }),
+        );
+    }
+    table.store(Arc::new(next));
+}

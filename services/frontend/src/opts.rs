@@ -1,0 +1,215 @@
+//! The frontend's configuration: every option has a Dynamo-compatible flag and environment name.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, ValueEnum};
+use kvmesh_runtime::config::RuntimeOpts;
+
+/// Routing policies selectable with `--router-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RouterMode {
+    /// Each worker in turn.
+    RoundRobin,
+    /// A uniformly random worker.
+    Random,
+    /// The less loaded of two random workers (not yet available).
+    PowerOfTwo,
+    /// KV-cache-aware routing (not yet available).
+    Kv,
+    /// The worker named by the request (not yet available).
+    Direct,
+    /// The least loaded worker (not yet available).
+    LeastLoaded,
+    /// Weighted by device type (not yet available).
+    DeviceAwareWeighted,
+}
+
+/// Options of `kvmesh-frontend`.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "kvmesh-frontend",
+    version,
+    about = "OpenAI-compatible HTTP edge of kvmesh"
+)]
+pub struct FrontendOpts {
+    /// Shared runtime options (discovery, planes, logging).
+    #[command(flatten)]
+    pub runtime: RuntimeOpts,
+
+    /// Frontend options.
+    #[command(flatten)]
+    pub frontend: FrontendArgs,
+}
+
+/// The frontend's own options, shared with `kvmesh up`.
+#[derive(Debug, Clone, Args)]
+pub struct FrontendArgs {
+    /// HTTP options.
+    #[command(flatten)]
+    pub http: HttpOpts,
+
+    /// Serve only workers of this namespace (unset: every namespace).
+    #[arg(long, env = "DYN_NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// Serve only namespaces starting with this prefix; wins over --namespace.
+    #[arg(long, env = "DYN_NAMESPACE_PREFIX")]
+    pub namespace_prefix: Option<String>,
+
+    /// Served name of the model read from --model-path.
+    #[arg(long, env = "DYN_MODEL_NAME", value_parser = non_empty)]
+    pub model_name: Option<String>,
+
+    /// Local model directory whose tokenizer and chat template are used instead of the card's.
+    #[arg(long, env = "DYN_MODEL_PATH", value_parser = existing_dir)]
+    pub model_path: Option<PathBuf>,
+
+    /// Tokens per KV block for hashing (default: the worker's card).
+    #[arg(long, env = "DYN_KV_CACHE_BLOCK_SIZE", value_parser = clap::value_parser!(u32).range(1..))]
+    pub kv_cache_block_size: Option<u32>,
+
+    /// How requests are spread over workers.
+    #[arg(
+        long,
+        env = "DYN_ROUTER_MODE",
+        value_enum,
+        default_value = "round-robin"
+    )]
+    pub router_mode: RouterMode,
+
+    /// Prometheus metric name prefix.
+    #[arg(long, env = "DYN_METRICS_PREFIX", default_value = "dynamo_frontend", value_parser = metric_prefix)]
+    pub metrics_prefix: String,
+}
+
+/// HTTP server options, including Dynamo's env-only variables (exposed as flags too).
+#[derive(Debug, Clone, Args)]
+pub struct HttpOpts {
+    /// Address the HTTP server binds.
+    #[arg(long, env = "DYN_HTTP_HOST", default_value = "0.0.0.0")]
+    pub http_host: String,
+
+    /// Port of the HTTP server.
+    #[arg(long, env = "DYN_HTTP_PORT", default_value_t = 8000)]
+    pub http_port: u16,
+
+    /// Largest request body in MiB; larger bodies get 413.
+    #[arg(long, env = "DYN_HTTP_BODY_LIMIT_MB", default_value_t = 45, value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_body_limit_mb: u64,
+
+    /// Seconds to drain in-flight requests on SIGTERM.
+    #[arg(
+        long,
+        env = "DYN_HTTP_GRACEFUL_SHUTDOWN_TIMEOUT_SECS",
+        default_value_t = 5
+    )]
+    pub http_graceful_shutdown_timeout_secs: u64,
+
+    /// Status used when every worker is busy (200-999; anything else falls back to 529).
+    #[arg(long, env = "DYN_HTTP_OVERLOAD_STATUS_CODE", default_value = "529", value_parser = overload_status)]
+    pub http_overload_status_code: u16,
+
+    /// Interval of SSE keep-alive comments while a stream is idle (unset: none).
+    #[arg(long, env = "DYN_HTTP_SSE_KEEP_ALIVE_INTERVAL_MS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_sse_keep_alive_interval_ms: Option<u64>,
+
+    /// Fail a request whose worker stays silent this long before the response starts.
+    #[arg(long, env = "DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_backend_stream_timeout_secs: Option<u64>,
+}
+
+fn non_empty(value: &str) -> Result<String, String> {
+    if value.trim().is_empty() {
+        Err("must not be empty".into())
+    } else {
+        Ok(value.to_string())
+    }
+}
+
+fn existing_dir(value: &str) -> Result<PathBuf, String> {
+    let path = PathBuf::from(value);
+    if path.is_dir() {
+        Ok(path)
+    } else {
+        Err(format!("directory {value:?} does not exist"))
+    }
+}
+
+fn metric_prefix(value: &str) -> Result<String, String> {
+    let valid = !value.is_empty()
+        && value
+            .chars()
+            .enumerate()
+            .all(|(i, c)| c == '_' || c.is_ascii_alphabetic() || (i > 0 && c.is_ascii_digit()));
+    if valid {
+        Ok(value.to_string())
+    } else {
+        Err(format!("{value:?} is not a valid Prometheus metric name"))
+    }
+}
+
+fn overload_status(value: &str) -> Result<u16, String> {
+    Ok(value
+        .trim()
+        .parse::<u16>()
+        .ok()
+        .filter(|status| (200..=999).contains(status))
+        .unwrap_or(529))
+}
+
+impl FrontendArgs {
+    /// Refuses router modes that are parsed for compatibility but not implemented yet.
+    pub fn validate(&self) -> Result<(), String> {
+        match self.router_mode {
+            RouterMode::RoundRobin | RouterMode::Random => Ok(()),
+            other => Err(format!(
+                "--router-mode (DYN_ROUTER_MODE): {} is not available yet; use round-robin or random",
+                other
+                    .to_possible_value()
+                    .map(|v| v.get_name().to_string())
+                    .unwrap_or_default()
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn env_names_are_unique() {
+        kvmesh_runtime::config::check_unique_env(&FrontendOpts::command()).unwrap();
+    }
+
+    #[test]
+    fn cli_wins_and_invalid_values_name_the_flag() {
+        let opts = FrontendOpts::try_parse_from(["f", "--http-port", "9100"]).unwrap();
+        assert_eq!(opts.frontend.http.http_port, 9100);
+        let error = FrontendOpts::try_parse_from(["f", "--http-port", "x"])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("--http-port"), "{error}");
+        let error = FrontendOpts::try_parse_from(["f", "--model-path", "/definitely/missing"])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("--model-path"), "{error}");
+        let opts = FrontendOpts::try_parse_from(["f", "--router-mode", "kv"]).unwrap();
+        assert!(
+            opts.frontend
+                .validate()
+                .unwrap_err()
+                .contains("--router-mode")
+        );
+    }
+
+    #[test]
+    fn overload_status_falls_back() {
+        assert_eq!(overload_status("503"), Ok(503));
+        assert_eq!(overload_status("42"), Ok(529));
+        assert_eq!(overload_status("nope"), Ok(529));
+    }
+}

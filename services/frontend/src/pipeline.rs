@@ -1,0 +1,182 @@
+//! Per-model preprocessing and postprocessing: chat template, tokenizer, and the per-choice output
+//! processor (incremental detokenization plus stop strings). Loaded once per model; nothing here
+//! reloads per request.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use kvmesh_llm::openai::{ChatCompletionRequest, SamplingOptions};
+use kvmesh_llm::{Detokenizer, LlmError, ModelDir, StopMatcher, Tokenizer};
+use kvmesh_proto::v1::ModelCard;
+use kvmesh_proto::v1::{
+    GenerateRequest, OutputOptions as WireOutput, SamplingOptions as WireSampling, StopConditions,
+};
+
+use crate::error::FrontendError;
+
+/// A model's tokenizer, template and limits.
+pub struct Pipeline {
+    model: ModelDir,
+    context_length: u32,
+}
+
+impl Pipeline {
+    /// Loads the model directory; the card's context length wins over the directory's config.
+    pub fn load(path: &Path, card: &ModelCard) -> Result<Self, LlmError> {
+        let model = ModelDir::load(path)?;
+        let context_length = if card.context_length > 0 {
+            card.context_length
+        } else {
+            model.context_length().unwrap_or(u32::MAX)
+        };
+        Ok(Self {
+            model,
+            context_length,
+        })
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        self.model.tokenizer()
+    }
+
+    /// Maximum prompt plus output tokens.
+    pub fn context_length(&self) -> u32 {
+        self.context_length
+    }
+
+    /// Renders the chat template for a request and tokenizes the prompt.
+    pub fn chat_prompt(&self, request: &ChatCompletionRequest) -> Result<Vec<u32>, FrontendError> {
+        let template = self.model.require_chat_template()?;
+        let text = template.render_request(request)?;
+        Ok(self.tokenizer().encode(&text, false)?)
+    }
+
+    /// Tokenizes a raw text prompt (completions), adding the tokenizer's special tokens.
+    pub fn text_prompt(&self, text: &str) -> Result<Vec<u32>, FrontendError> {
+        Ok(self.tokenizer().encode(text, true)?)
+    }
+
+    /// Decodes prompt tokens back to text (completions `echo`).
+    pub fn decode(&self, ids: &[u32]) -> Result<String, FrontendError> {
+        Ok(self.tokenizer().decode(ids, false)?)
+    }
+
+    /// The output processor of one choice.
+    pub fn output(&self, sampling: &SamplingOptions, prompt: &[u32]) -> OutputProcessor {
+        OutputProcessor {
+            detokenizer: Detokenizer::with_prompt(
+                self.tokenizer().clone(),
+                prompt,
+                sampling.skip_special_tokens,
+            ),
+            stop: sampling.stop_matcher(),
+        }
+    }
+
+    /// Checks the prompt against the context length and returns the engine's max_tokens.
+    pub fn fit_max_tokens(
+        &self,
+        num_prompt_tokens: usize,
+        max_tokens: Option<u32>,
+        prompt_param: &'static str,
+    ) -> Result<u32, FrontendError> {
+        Ok(kvmesh_llm::openai::fit_max_tokens(
+            num_prompt_tokens,
+            max_tokens,
+            self.context_length,
+            prompt_param,
+        )?)
+    }
+}
+
+/// Builds the worker request from validated sampling options.
+pub fn generate_request(
+    request_id: String,
+    model: &str,
+    token_ids: Vec<u32>,
+    sampling: &SamplingOptions,
+    max_tokens: u32,
+) -> GenerateRequest {
+    GenerateRequest {
+        request_id,
+        model: model.to_string(),
+        token_ids,
+        sampling: Some(WireSampling {
+            temperature: sampling.temperature,
+            top_p: sampling.top_p,
+            top_k: sampling.top_k.map(|k| k.min(i32::MAX as u32) as i32),
+            min_p: sampling.min_p,
+            repetition_penalty: sampling.repetition_penalty,
+            presence_penalty: sampling.presence_penalty,
+            frequency_penalty: sampling.frequency_penalty,
+            seed: sampling.seed.map(|seed| seed as u64),
+            greedy: false,
+            guided_json_schema: None,
+        }),
+        stop: Some(StopConditions {
+            max_tokens: Some(max_tokens),
+            min_tokens: (sampling.min_tokens > 0).then_some(sampling.min_tokens),
+            stop_token_ids: sampling.stop_token_ids.clone(),
+            ignore_eos: sampling.ignore_eos,
+            stop: sampling.stop.clone(),
+            max_thinking_tokens: None,
+        }),
+        output: Some(WireOutput {
+            logprobs: sampling.logprobs,
+            prompt_logprobs: None,
+            skip_special_tokens: sampling.skip_special_tokens,
+        }),
+        ..Default::default()
+    }
+}
+
+/// Turns one choice's token ids into client text: detokenizes incrementally and applies stop
+/// strings (the matched string is not returned).
+pub struct OutputProcessor {
+    detokenizer: Detokenizer,
+    stop: StopMatcher,
+}
+
+/// Text released by one push.
+#[derive(Debug, Default)]
+pub struct OutputStep {
+    /// Text safe to send now.
+    pub text: String,
+    /// A stop string matched: generation for this choice is over.
+    pub stopped: bool,
+}
+
+impl OutputProcessor {
+    /// Feeds generated token ids.
+    pub fn push_tokens(&mut self, ids: &[u32]) -> OutputStep {
+        if ids.is_empty() || self.stop.is_stopped() {
+            return OutputStep::default();
+        }
+        let piece = match self.detokenizer.push_all(ids) {
+            Ok(piece) => piece,
+            Err(error) => {
+                tracing::warn!(%error, "detokenization failed");
+                return OutputStep::default();
+            }
+        };
+        let step = self.stop.push(&piece);
+        OutputStep {
+            text: step.text.into_owned(),
+            stopped: step.matched.is_some(),
+        }
+    }
+
+    /// Ends the choice: returns pending and held-back text.
+    pub fn flush(&mut self) -> String {
+        if self.stop.is_stopped() {
+            return String::new();
+        }
+        let pending = self.detokenizer.finish().unwrap_or_default();
+        let mut text = self.stop.push(&pending).text.into_owned();
+        if !self.stop.is_stopped() {
+            text.push_str(&self.stop.finish());
+        }
+        text
+    }
+}
