@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Runs every kvmesh test: formatting, lints, Rust unit and integration tests (against a real etcd
+# and a real NATS server with JetStream, started here on private loopback ports unless
+# ETCD_ENDPOINTS / NATS_SERVER already point at running servers), and the Python client tests
+# (official openai SDK against the real binaries).
+#
+# Needs: cargo, etcd, nats-server, python3 (CI installs them: see .ci/run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+work=$(mktemp -d /tmp/kvmesh-test.XXXXXX)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+wait_for() { # name, command...
+  local name=$1; shift
+  for _ in $(seq 1 100); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
+  echo "error: $name did not start" >&2; return 1
+}
+
+if [ -z "${ETCD_ENDPOINTS:-}" ]; then
+  port=$(free_port); peer=$(free_port)
+  etcd --data-dir "$work/etcd" --name kvmesh-test \
+    --listen-client-urls "http://127.0.0.1:$port" --advertise-client-urls "http://127.0.0.1:$port" \
+    --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
+    --initial-cluster "kvmesh-test=http://127.0.0.1:$peer" >"$work/etcd.log" 2>&1 &
+  pids+=($!)
+  export ETCD_ENDPOINTS="http://127.0.0.1:$port"
+  wait_for etcd curl -sf "$ETCD_ENDPOINTS/health"
+fi
+if [ -z "${NATS_SERVER:-}" ]; then
+  port=$(free_port); monitor=$(free_port)
+  nats-server -js -sd "$work/nats" -a 127.0.0.1 -p "$port" -m "$monitor" >"$work/nats.log" 2>&1 &
+  pids+=($!)
+  export NATS_SERVER="nats://127.0.0.1:$port"
+  wait_for nats curl -sf "http://127.0.0.1:$monitor/healthz"
+fi
+echo "etcd: $ETCD_ENDPOINTS  nats: $NATS_SERVER"
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo build --workspace --bins --locked
+cargo test --workspace --locked
+
+venv=${KVMESH_VENV:-$root/.venv}
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+fi
+"$venv/bin/pip" install -q -r tests/python/requirements.txt
+KVMESH_BIN_DIR="${CARGO_TARGET_DIR:-$root/target}/debug" "$venv/bin/python" -m pytest -q tests/python

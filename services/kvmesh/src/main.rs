@@ -1,0 +1,28 @@
+//! `kvmesh`: the command-line entry point. `kvmesh up` runs the whole mesh in one process.
+
+mod tiny_model;
+mod up;
+
+use clap::{Parser, Subcommand};
+
+/// kvmesh: a KV-cache-aware serving mesh for LLM inference.
+#[derive(Parser)]
+#[command(name = "kvmesh", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the frontend and mock workers in one process, with in-memory discovery and events.
+    Up(Box<up::UpOpts>),
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = up::parse_cli::<Cli>();
+    match cli.command {
+        Command::Up(opts) => up::run(*opts).await,
+    }
+}

@@ -1,0 +1,152 @@
+"""Fixtures that start real kvmesh processes from the built binaries.
+
+The binaries come from $KVMESH_BIN_DIR (scripts/test.sh points it at target/debug). Tests that use
+etcd and NATS read ETCD_ENDPOINTS and NATS_SERVER, which scripts/test.sh sets after starting real
+servers; they fail rather than skip when those are missing.
+"""
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import requests
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN_DIR = Path(os.environ.get("KVMESH_BIN_DIR", ROOT / "target" / "debug"))
+TINY_MODEL = ROOT / "models" / "tiny"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Proc:
+    """A child process with its output captured in a log file, killed at teardown."""
+
+    def __init__(self, name, args, env=None):
+        self.name = name
+        self.log = tempfile.NamedTemporaryFile(prefix=f"kvmesh-{name}-", suffix=".log", delete=False)
+        full_env = dict(os.environ)
+        full_env.setdefault("RUST_LOG", "info")
+        full_env["NO_COLOR"] = "1"
+        if env:
+            full_env.update(env)
+        binary = str(BIN_DIR / args[0])
+        self.proc = subprocess.Popen([binary, *args[1:]], stdout=self.log, stderr=subprocess.STDOUT, env=full_env)
+
+    def output(self):
+        return Path(self.log.name).read_text(errors="replace")
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def kill(self, sig=signal.SIGKILL):
+        if self.alive():
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def stop(self):
+        self.kill(signal.SIGTERM)
+
+
+def wait_until(predicate, timeout=30.0, interval=0.1, what="condition"):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+            if last:
+                return last
+        except Exception as e:  # noqa: BLE001 - polled until the deadline
+            last = e
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}: last={last!r}")
+
+
+def wait_ready(base_url, model, num_workers, procs, timeout=60.0):
+    """Waits until /health lists the model with at least num_workers instances."""
+    def ready():
+        for p in procs:
+            assert p.alive(), f"{p.name} exited early:\n{p.output()[-3000:]}"
+        r = requests.get(f"{base_url}/health", timeout=2)
+        body = r.json()
+        return r.status_code == 200 and model in body.get("models", []) and body.get("num_instances", 0) >= num_workers
+    wait_until(ready, timeout=timeout, what=f"{num_workers} workers of {model} at {base_url}")
+
+
+class Mesh:
+    def __init__(self, base_url, procs, namespace=None, model="tiny"):
+        self.base_url = base_url
+        self.procs = procs
+        self.namespace = namespace
+        self.model = model
+
+    def client(self, **kwargs):
+        import openai
+        return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key="unused", max_retries=0, **kwargs)
+
+    def stop(self):
+        for p in reversed(self.procs):
+            p.kill()
+
+
+def require_env(name):
+    value = os.environ.get(name)
+    if not value:
+        pytest.fail(f"{name} is not set: this test needs the real server (run scripts/test.sh)")
+    return value
+
+
+@pytest.fixture(scope="module")
+def kvmesh_up():
+    port = free_port()
+    proc = Proc("up", ["kvmesh", "up", "--http-host", "127.0.0.1", "--http-port", str(port), "--num-workers", "2",
+                       "--speedup-ratio", "100"], {"DYN_HTTP_BODY_LIMIT_MB": "1"})
+    base = f"http://127.0.0.1:{port}"
+    mesh = Mesh(base, [proc])
+    try:
+        wait_ready(base, "tiny", 2, [proc])
+        yield mesh
+    finally:
+        mesh.stop()
+
+
+def start_distributed(backend, extra_env=None, mocker_args=()):
+    """Frontend plus two mocker processes sharing a fresh namespace."""
+    namespace = f"t{uuid.uuid4().hex[:10]}"
+    env = dict(extra_env or {})
+    env["DYN_DISCOVERY_BACKEND"] = backend
+    if backend == "etcd":
+        env["ETCD_ENDPOINTS"] = require_env("ETCD_ENDPOINTS")
+    env["NATS_SERVER"] = require_env("NATS_SERVER")
+    port = free_port()
+    frontend = Proc("frontend", ["kvmesh-frontend", "--http-host", "127.0.0.1", "--http-port", str(port),
+                                 "--namespace", namespace], env)
+    mockers = [
+        Proc(f"mocker{i}", ["kvmesh-mocker", "--model-path", str(TINY_MODEL), "--model-name", "tiny",
+                            "--endpoint", f"dyn://{namespace}.backend.generate", "--speedup-ratio", "100",
+                            "--block-size", "16", *mocker_args], env)
+        for i in range(2)
+    ]
+    base = f"http://127.0.0.1:{port}"
+    procs = [frontend, *mockers]
+    mesh = Mesh(base, procs, namespace)
+    try:
+        wait_ready(base, "tiny", 2, procs)
+    except BaseException:
+        for p in procs:
+            print(f"--- {p.name} ---\n{p.output()[-4000:]}")
+        mesh.stop()
+        raise
+    return mesh

@@ -1,0 +1,161 @@
+"""The official openai SDK against `kvmesh up` started from the built binary."""
+import json
+
+import openai
+import pytest
+import requests
+
+
+def chat(mesh, **kwargs):
+    args = dict(model="tiny", messages=[{"role": "user", "content": "Say something about caches."}],
+                max_tokens=12)
+    args.update(kwargs)
+    return mesh.client().chat.completions.create(**args)
+
+
+def test_models_lists_tiny(kvmesh_up):
+    models = kvmesh_up.client().models.list()
+    assert [m.id for m in models.data] == ["tiny"]
+    assert models.data[0].object == "model"
+
+
+def test_chat_unary(kvmesh_up):
+    resp = chat(kvmesh_up, max_tokens=12)
+    assert resp.object == "chat.completion"
+    choice = resp.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content
+    assert choice.finish_reason == "length"
+    assert resp.usage.completion_tokens == 12
+    assert resp.usage.prompt_tokens > 5
+    assert resp.usage.total_tokens == resp.usage.prompt_tokens + resp.usage.completion_tokens
+
+
+def test_chat_stream_with_usage(kvmesh_up):
+    stream = chat(kvmesh_up, max_tokens=10, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert len({c.id for c in chunks}) == 1
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    content_chunks = [c for c in chunks if c.choices]
+    assert content_chunks[0].choices[0].delta.role == "assistant"
+    finishes = [c.choices[0].finish_reason for c in content_chunks if c.choices[0].finish_reason]
+    assert finishes == ["length"]
+    assert all(c.usage is None for c in content_chunks)
+    last = chunks[-1]
+    assert last.choices == [] and last.usage.completion_tokens == 10
+    text = "".join(c.choices[0].delta.content or "" for c in content_chunks)
+    assert text
+
+
+def test_stream_and_unary_give_same_text_for_same_request_id(kvmesh_up):
+    headers = {"x-request-id": "fixed-request-1"}
+    unary = chat(kvmesh_up, max_tokens=16, extra_headers=headers).choices[0].message.content
+    stream = chat(kvmesh_up, max_tokens=16, stream=True, extra_headers=headers)
+    streamed = "".join((c.choices[0].delta.content or "") for c in stream if c.choices)
+    assert unary == streamed
+
+
+def test_stop_string_is_not_returned(kvmesh_up):
+    headers = {"x-request-id": "fixed-request-2"}
+    full = chat(kvmesh_up, max_tokens=40, extra_headers=headers).choices[0].message.content
+    assert len(full) > 12
+    stop = full[8:12]
+    cut = full[: full.index(stop)]
+    resp = chat(kvmesh_up, max_tokens=40, stop=[stop], extra_headers=headers)
+    assert resp.choices[0].finish_reason == "stop"
+    assert resp.choices[0].message.content == cut
+    stream = chat(kvmesh_up, max_tokens=40, stop=stop, stream=True, extra_headers=headers)
+    chunks = [c for c in stream if c.choices]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == cut
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_completions_unary_and_stream(kvmesh_up):
+    client = kvmesh_up.client()
+    resp = client.completions.create(model="tiny", prompt="The cache holds", max_tokens=8)
+    assert resp.object == "text_completion"
+    assert resp.choices[0].text
+    assert resp.usage.completion_tokens == 8
+    chunks = list(client.completions.create(model="tiny", prompt="The cache holds", max_tokens=8, stream=True))
+    assert "".join(c.choices[0].text for c in chunks)
+    assert chunks[-1].choices[0].finish_reason == "length"
+    tokens = client.completions.create(model="tiny", prompt=[1, 2, 3, 4, 5], max_tokens=4)
+    assert tokens.usage.prompt_tokens == 5
+
+
+def test_max_completion_tokens_wins(kvmesh_up):
+    resp = chat(kvmesh_up, max_tokens=20, extra_body={"max_completion_tokens": 3})
+    assert resp.usage.completion_tokens == 3
+
+
+def test_worker_id_in_nvext(kvmesh_up):
+    r = requests.post(f"{kvmesh_up.base_url}/v1/chat/completions", json={
+        "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+        "nvext": {"extra_fields": ["worker_id"]}})
+    assert r.status_code == 200, r.text
+    worker = r.json()["nvext"]["worker_id"]
+    assert worker["decode_worker_id"] > 0
+
+
+def post(mesh, path, data, headers=None):
+    h = {"content-type": "application/json"}
+    h.update(headers or {})
+    return requests.post(f"{mesh.base_url}{path}", data=data, headers=h, timeout=30)
+
+
+def assert_openai_error(r, status, needle):
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert needle in body["error"]["message"], body
+    assert body["error"]["type"]
+    assert body["message"] == body["error"]["message"]
+
+
+def test_bad_input_gets_openai_errors_and_server_keeps_serving(kvmesh_up):
+    m = kvmesh_up
+    assert_openai_error(post(m, "/v1/chat/completions", b"{not json"), 400, "JSON")
+    assert_openai_error(post(m, "/v1/chat/completions", json.dumps({"model": "tiny"})), 400, "messages")
+    assert_openai_error(post(m, "/v1/chat/completions", json.dumps({"model": "tiny", "messages": "hi"})), 400,
+                        "invalid type")
+    assert_openai_error(post(m, "/v1/chat/completions", json.dumps({"model": "tiny", "messages": []})), 400,
+                        "messages")
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}]}
+    assert_openai_error(post(m, "/v1/chat/completions", json.dumps({**body, "max_tokens": 0})), 400, "max_tokens")
+    assert_openai_error(post(m, "/v1/chat/completions", json.dumps({**body, "temperature": 3})), 400,
+                        "temperature")
+    assert_openai_error(post(m, "/v1/chat/completions", json.dumps({**body, "n": 2})), 400, "n")
+    assert_openai_error(post(m, "/v1/chat/completions", json.dumps({**body, "stop": ["a", "b", "c", "d", "e"]})),
+                        400, "stop")
+    assert_openai_error(post(m, "/v1/chat/completions", json.dumps({**body, "model": "nope"})), 404, "nope")
+    assert post(m, "/v1/chat/completions", json.dumps({**body, "model": "nope"})).json()["error"]["code"] == \
+        "model_not_found"
+    assert_openai_error(post(m, "/v1/completions", json.dumps({"model": "tiny", "prompt": 5})), 400, "prompt")
+    assert_openai_error(post(m, "/v1/chat/completions", json.dumps({**body, "max_tokens": 10_000_000})), 400,
+                        "context")
+    big = json.dumps({**body, "padding": "x" * (2 * 1024 * 1024)})
+    assert_openai_error(post(m, "/v1/chat/completions", big), 413, "limit")
+    with pytest.raises(openai.NotFoundError):
+        m.client().chat.completions.create(model="missing", messages=[{"role": "user", "content": "x"}])
+    # Still serving.
+    assert chat(m, max_tokens=2).choices[0].message.content
+
+
+def test_client_disconnect_cancels(kvmesh_up):
+    with requests.post(f"{kvmesh_up.base_url}/v1/chat/completions", stream=True, timeout=30, json={
+            "model": "tiny", "messages": [{"role": "user", "content": "long"}], "max_tokens": 5000,
+            "stream": True}) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(4)]
+        assert any(l.startswith(b"data: ") for l in got)
+
+    def metric(name):
+        text = requests.get(f"{kvmesh_up.base_url}/metrics").text
+        for line in text.splitlines():
+            if line.startswith(name) and 'model="tiny"' in line:
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    from conftest import wait_until
+    wait_until(lambda: metric("dynamo_frontend_disconnected_clients") >= 1, timeout=10, what="disconnect counted")
+    wait_until(lambda: metric("dynamo_frontend_inflight_requests") == 0, timeout=10, what="inflight back to 0")
