@@ -11,7 +11,7 @@ use kvmesh_runtime::worker_client::ResponseStream;
 use kvmesh_llm::openai::FinishReason as OpenAiFinish;
 
 use crate::error::FrontendError;
-use crate::models::ModelEntry;
+use crate::models::{ModelEntry, WorkerRef};
 use crate::pipeline::OutputProcessor;
 use crate::router::RouteContext;
 
@@ -50,24 +50,70 @@ pub struct Started {
     stream: ResponseStream,
 }
 
+/// How many workers one request tries before giving up, when the earlier ones are unreachable.
+const MAX_START_ATTEMPTS: usize = 3;
+
 /// Routes `request` and starts it, waiting for the first response so that early failures become
-/// proper error statuses.
+/// proper error statuses. A worker that cannot be reached (dead but not yet expired from
+/// discovery) is skipped for the next one: nothing has reached the client yet, so retrying is safe.
 pub async fn start(
     entry: &Arc<ModelEntry>,
     request: GenerateRequest,
     first_response_timeout: Option<Duration>,
 ) -> Result<Started, FrontendError> {
-    let context = RouteContext {
-        token_ids: &request.token_ids,
-    };
-    let index = entry
+    let first_index = entry
         .router
-        .select(&entry.worker_ids, &context)
+        .select(
+            &entry.worker_ids,
+            &RouteContext {
+                token_ids: &request.token_ids,
+            },
+        )
         .ok_or_else(|| FrontendError::NoWorkers(entry.name.clone()))?;
-    let worker = entry
-        .workers
-        .get(index)
-        .ok_or_else(|| FrontendError::Internal("router chose a missing worker".into()))?;
+    let num_workers = entry.workers.len();
+    let num_attempts = MAX_START_ATTEMPTS.min(num_workers);
+    let mut request = Some(request);
+    let mut last_error = None;
+    for attempt in 0..num_attempts {
+        let Some(worker) = entry.workers.get((first_index + attempt) % num_workers) else {
+            break;
+        };
+        // Only a request that may be retried is copied; the last attempt takes the original.
+        let this_request = if attempt + 1 == num_attempts {
+            request.take()
+        } else {
+            request.clone()
+        };
+        let Some(this_request) = this_request else {
+            break;
+        };
+        match start_on(worker, this_request, first_response_timeout).await {
+            Ok(started) => return Ok(started),
+            Err(error) if is_unreachable(&error) => {
+                tracing::warn!(worker_id = %format!("{:x}", worker.id), %error, "worker unreachable, trying another");
+                last_error = Some(error);
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    Err(last_error.unwrap_or_else(|| FrontendError::NoWorkers(entry.name.clone())))
+}
+
+fn is_unreachable(error: &FrontendError) -> bool {
+    matches!(
+        error,
+        FrontendError::Worker {
+            code: kvmesh_runtime::ErrorCode::Unavailable,
+            ..
+        }
+    )
+}
+
+async fn start_on(
+    worker: &WorkerRef,
+    request: GenerateRequest,
+    first_response_timeout: Option<Duration>,
+) -> Result<Started, FrontendError> {
     let worker_id = worker.id;
     let endpoint = worker.endpoint.clone();
     let begin = async move {

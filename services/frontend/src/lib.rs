@@ -62,7 +62,7 @@ pub async fn run(
         grpc: GrpcSettings::default(),
     };
     let watch_shutdown = shutdown.child_token();
-    let watch_task = tokio::spawn(models::watch_models(
+    let mut watch_task = tokio::spawn(models::watch_models(
         discovery.clone(),
         table.clone(),
         metrics.clone(),
@@ -149,6 +149,14 @@ pub async fn run(
     tokio::select! {
         _ = shutdown.cancelled() => {}
         _ = lease_lost.cancelled() => failure = Some("discovery lease lost".to_string()),
+        result = &mut watch_task => {
+            let reason = match result {
+                Ok(Ok(())) => "stopped".to_string(),
+                Ok(Err(error)) => error.to_string(),
+                Err(error) => error.to_string(),
+            };
+            failure = Some(format!("model watcher failed: {reason}"));
+        }
     }
     if let Err(error) = discovery.revoke().await {
         tracing::warn!(%error, "unregister failed");
@@ -165,7 +173,9 @@ pub async fn run(
         Ok(Err(error)) => failure = failure.or(Some(format!("http server task: {error}"))),
         _ => {}
     }
-    if let Ok(Ok(Err(error))) = tokio::time::timeout(Duration::from_secs(1), watch_task).await {
+    if !watch_task.is_finished()
+        && let Ok(Ok(Err(error))) = tokio::time::timeout(Duration::from_secs(1), watch_task).await
+    {
         tracing::warn!(%error, "model watcher stopped with an error");
     }
     match failure {

@@ -21,6 +21,40 @@ pub struct FrontendMetrics {
     output_tokens: HistogramVec,
     output_tokens_total: IntCounterVec,
     cached_tokens: HistogramVec,
+    model_config: Vec<IntGaugeVec>,
+}
+
+/// Gauges describing each served model's card, in [`ModelConfig`] field order.
+const MODEL_CONFIG_GAUGES: [(&str, &str); 6] = [
+    ("model_context_length", "maximum prompt plus output tokens"),
+    (
+        "model_kv_cache_block_size",
+        "tokens per KV block used for hashing",
+    ),
+    ("model_total_kv_blocks", "KV blocks per worker rank"),
+    ("model_max_num_seqs", "maximum running sequences per worker"),
+    (
+        "model_max_num_batched_tokens",
+        "token budget of one scheduler pass",
+    ),
+    ("model_migration_limit", "migrations allowed per request"),
+];
+
+/// A served model's configuration as exported by the `model_*` gauges.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ModelConfig {
+    /// Maximum prompt plus output tokens.
+    pub context_length: u64,
+    /// Tokens per KV block (after `--kv-cache-block-size`).
+    pub kv_cache_block_size: u64,
+    /// KV blocks per worker rank.
+    pub total_kv_blocks: u64,
+    /// Maximum running sequences per worker.
+    pub max_num_seqs: u64,
+    /// Token budget of one scheduler pass.
+    pub max_num_batched_tokens: u64,
+    /// Migrations allowed per request.
+    pub migration_limit: u64,
 }
 
 fn token_buckets() -> Vec<f64> {
@@ -89,6 +123,12 @@ impl FrontendMetrics {
         registry.register(Box::new(output_tokens.clone()))?;
         registry.register(Box::new(output_tokens_total.clone()))?;
         registry.register(Box::new(cached_tokens.clone()))?;
+        let mut model_config = Vec::with_capacity(MODEL_CONFIG_GAUGES.len());
+        for (suffix, help) in MODEL_CONFIG_GAUGES {
+            let gauge = IntGaugeVec::new(Opts::new(name(suffix), help), &["model"])?;
+            registry.register(Box::new(gauge.clone()))?;
+            model_config.push(gauge);
+        }
         Ok(Self {
             registry,
             requests_total,
@@ -101,7 +141,25 @@ impl FrontendMetrics {
             output_tokens,
             output_tokens_total,
             cached_tokens,
+            model_config,
         })
+    }
+
+    /// Publishes a model's configuration gauges.
+    pub fn set_model_config(&self, model: &str, config: &ModelConfig) {
+        let values = [
+            config.context_length,
+            config.kv_cache_block_size,
+            config.total_kv_blocks,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            config.migration_limit,
+        ];
+        for (gauge, value) in self.model_config.iter().zip(values) {
+            gauge
+                .with_label_values(&[model])
+                .set(i64::try_from(value).unwrap_or(i64::MAX));
+        }
     }
 
     /// Handles for one model, resolved once per model.

@@ -14,7 +14,7 @@ use kvmesh_runtime::worker_client::{GrpcSettings, WorkerEndpoint, connect_worker
 use tokio_util::sync::CancellationToken;
 
 use crate::error::FrontendError;
-use crate::metrics::{FrontendMetrics, ModelMetrics};
+use crate::metrics::{FrontendMetrics, ModelConfig, ModelMetrics};
 use crate::pipeline::Pipeline;
 use crate::router::Router;
 
@@ -151,7 +151,7 @@ pub async fn watch_models(
                     !expired
                 });
                 if models.len() != before {
-                    publish(&table, &models);
+                    publish(&table, &models, config.kv_cache_block_size);
                 }
             }
             event = stream.next() => {
@@ -160,7 +160,7 @@ pub async fn watch_models(
                 };
                 apply_event(event, &mut known, &config);
                 reconcile(&known, &mut models, &mut pipelines, &metrics, &config).await;
-                publish(&table, &models);
+                publish(&table, &models, config.kv_cache_block_size);
             }
         }
     }
@@ -261,7 +261,7 @@ async fn reconcile(
         let mut workers = BTreeMap::new();
         for (record, instance) in records {
             if record.card_checksum != state.checksum {
-                tracing::info!(model = %name, worker_id = record.instance_id, "worker card differs, newest wins");
+                tracing::info!(model = %name, worker_id = %format!("{:x}", record.instance_id), "worker card differs, newest wins");
                 if let Some(card) = &record.card {
                     state.card = card.clone();
                 }
@@ -271,14 +271,14 @@ async fn reconcile(
                 Some(existing) => existing.clone(),
                 None => match connect_worker(&instance.address, &config.grpc) {
                     Ok(endpoint) => {
-                        tracing::info!(model = %name, worker_id = instance.instance_id, address = %instance.address, "worker added");
+                        tracing::info!(model = %name, worker_id = %format!("{:x}", instance.instance_id), address = %instance.address, "worker added");
                         WorkerRef {
                             id: instance.instance_id,
                             endpoint,
                         }
                     }
                     Err(error) => {
-                        tracing::warn!(worker_id = instance.instance_id, %error, "cannot reach worker");
+                        tracing::warn!(worker_id = %format!("{:x}", instance.instance_id), %error, "cannot reach worker");
                         continue;
                     }
                 },
@@ -287,15 +287,16 @@ async fn reconcile(
         }
         for id in state.workers.keys() {
             if !workers.contains_key(id) {
-                tracing::info!(model = %name, worker_id = id, "worker removed");
+                tracing::info!(model = %name, worker_id = %format!("{id:x}"), "worker removed");
             }
         }
         state.workers = workers;
+        metrics.set_model_config(name, &model_config(&state.card, config));
     }
     for (name, state) in models.iter_mut() {
         if !serving.contains_key(name) && !state.workers.is_empty() {
             for id in state.workers.keys() {
-                tracing::info!(model = %name, worker_id = id, "worker removed");
+                tracing::info!(model = %name, worker_id = %format!("{id:x}"), "worker removed");
             }
             state.workers.clear();
         }
@@ -304,6 +305,22 @@ async fn reconcile(
             (false, Some(_)) => state.empty_since = None,
             _ => {}
         }
+    }
+}
+
+fn model_config(card: &ModelCard, config: &WatcherConfig) -> ModelConfig {
+    let runtime = card.runtime_config.clone().unwrap_or_default();
+    ModelConfig {
+        context_length: u64::from(card.context_length),
+        kv_cache_block_size: u64::from(
+            config
+                .kv_cache_block_size
+                .unwrap_or(card.kv_cache_block_size),
+        ),
+        total_kv_blocks: runtime.total_kv_blocks.unwrap_or(0),
+        max_num_seqs: runtime.max_num_seqs.unwrap_or(0),
+        max_num_batched_tokens: runtime.max_num_batched_tokens.unwrap_or(0),
+        migration_limit: u64::from(card.migration_limit),
     }
 }
 
@@ -324,7 +341,11 @@ async fn load_pipeline(path: &Path, card: &ModelCard) -> Result<Arc<Pipeline>, S
         .map_err(|e| e.to_string())
 }
 
-fn publish(table: &ModelTable, models: &HashMap<String, ModelState>) {
+fn publish(
+    table: &ModelTable,
+    models: &HashMap<String, ModelState>,
+    block_size_override: Option<u32>,
+) {
     let mut next = HashMap::with_capacity(models.len());
     for (name, state) in models {
         let workers: Vec<WorkerRef> = state.workers.values().cloned().collect();
@@ -340,7 +361,7 @@ fn publish(table: &ModelTable, models: &HashMap<String, ModelState>) {
                 router: state.router.clone(),
                 metrics: state.metrics.clone(),
                 context_length: state.card.context_length,
-                kv_cache_block_size: state.card.kv_cache_block_size,
+                kv_cache_block_size: block_size_override.unwrap_or(state.card.kv_cache_block_size),
             }),
         );
     }

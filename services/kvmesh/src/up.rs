@@ -105,13 +105,30 @@ pub async fn run(opts: UpOpts) -> anyhow::Result<()> {
         frontend: frontend_args,
     };
 
-    let mocker_task = tokio::spawn(kvmesh_mocker::run(
+    // The workers stop only after the frontend has drained its in-flight requests.
+    let workers_shutdown = tokio_util::sync::CancellationToken::new();
+    let mut mocker_task = tokio::spawn(kvmesh_mocker::run(
         mocker,
         Some(embedded.clone()),
-        shutdown.clone(),
+        workers_shutdown.clone(),
     ));
-    let frontend_result = kvmesh_frontend::run(frontend, Some(embedded), shutdown.clone()).await;
-    shutdown.cancel();
+    let frontend_shutdown = shutdown.child_token();
+    let frontend = kvmesh_frontend::run(frontend, Some(embedded), frontend_shutdown.clone());
+    tokio::pin!(frontend);
+    let frontend_result = tokio::select! {
+        result = &mut frontend => result,
+        mocker_result = &mut mocker_task => {
+            // The workers stopped on their own (a failure): stop the frontend too.
+            frontend_shutdown.cancel();
+            let frontend_result = frontend.await;
+            return match mocker_result {
+                Ok(Ok(())) => frontend_result.and(Err(anyhow::anyhow!("mock workers stopped"))),
+                Ok(Err(error)) => Err(error),
+                Err(error) => Err(anyhow::anyhow!("mock workers failed: {error}")),
+            };
+        }
+    };
+    workers_shutdown.cancel();
     let mocker_result = mocker_task.await;
     frontend_result?;
     match mocker_result {

@@ -86,6 +86,9 @@ pub async fn run(
 
     let mut tasks = tokio::task::JoinSet::new();
     let mut registrations = Vec::new();
+    let mut services = Vec::new();
+    // Worker tasks outlive the shutdown signal: they stop only after in-flight work drained.
+    let workers_shutdown = CancellationToken::new();
     let stagger = opts.engine.stagger();
     for index in 0..opts.engine.num_workers {
         if index > 0 && !stagger.is_zero() {
@@ -96,7 +99,6 @@ pub async fn run(
         }
         let discovery = connect::discovery(&opts.runtime, embedded.as_ref()).await?;
         let worker_id = discovery.instance_id();
-        let workers_shutdown = shutdown.child_token();
 
         let (output_tx, output_rx) = mpsc::unbounded_channel();
         let mut ranks = Vec::new();
@@ -136,6 +138,7 @@ pub async fn run(
         ));
 
         let service = MockWorker::new(ranks);
+        services.push(service.clone());
         let (address, transport) = if embedded.is_some() {
             let address =
                 register_inproc(&format!("mocker-{worker_id:x}"), Arc::new(service.clone()));
@@ -206,13 +209,29 @@ pub async fn run(
             }
         }
     }
-    for (discovery, address) in &registrations {
+    for (discovery, _) in &registrations {
         if let Err(error) = discovery.revoke().await {
             tracing::warn!(%error, "unregister failed");
         }
+    }
+    let limit = Duration::from_secs(
+        kvmesh_runtime::config::env_number::<u64>("DYN_HTTP_GRACEFUL_SHUTDOWN_TIMEOUT_SECS")
+            .ok()
+            .flatten()
+            .unwrap_or(5),
+    );
+    for service in &services {
+        if !lease_failed && !service.inflight().drain(limit).await {
+            tracing::warn!(
+                remaining = service.inflight().count(),
+                "drain limit reached"
+            );
+        }
+    }
+    for (_, address) in &registrations {
         unregister_inproc(address);
     }
-    shutdown.cancel();
+    workers_shutdown.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(5), async {
         while tasks.join_next().await.is_some() {}
     })

@@ -95,11 +95,11 @@ pub struct EngineArgs {
     pub preemption_mode: PreemptionPolicy,
 
     /// Divide every simulated duration by this (0 = no sleeping at all).
-    #[arg(long, env = "KVMESH_MOCKER_SPEEDUP_RATIO", default_value_t = 1.0, value_parser = non_negative)]
+    #[arg(long, env = "KVMESH_MOCKER_SPEEDUP_RATIO", default_value_t = 1.0, value_parser = non_negative, allow_negative_numbers = true)]
     pub speedup_ratio: f64,
 
     /// Further divide the decode part of every pass by this.
-    #[arg(long, env = "KVMESH_MOCKER_DECODE_SPEEDUP_RATIO", default_value_t = 1.0, value_parser = positive)]
+    #[arg(long, env = "KVMESH_MOCKER_DECODE_SPEEDUP_RATIO", default_value_t = 1.0, value_parser = positive, allow_negative_numbers = true)]
     pub decode_speedup_ratio: f64,
 
     /// Independent data-parallel ranks per worker.
@@ -107,7 +107,7 @@ pub struct EngineArgs {
     pub data_parallel_size: u32,
 
     /// Seconds to wait before registering (simulates model loading).
-    #[arg(long, env = "KVMESH_MOCKER_STARTUP_TIME", value_parser = non_negative)]
+    #[arg(long, env = "KVMESH_MOCKER_STARTUP_TIME", value_parser = non_negative, allow_negative_numbers = true)]
     pub startup_time: Option<f64>,
 
     /// Workers in this process, each with its own instance id and gRPC server.

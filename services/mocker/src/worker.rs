@@ -13,6 +13,7 @@ use kvmesh_proto::v1::{
     KvEvent, KvEventBatch, StorageTier, kv_event,
 };
 use kvmesh_runtime::event_plane::EventPlane;
+use kvmesh_runtime::shutdown::Inflight;
 use kvmesh_runtime::worker_client::{ResponseStream, WorkerEndpoint};
 use prost::Message;
 use tokio::sync::{mpsc, oneshot};
@@ -29,6 +30,7 @@ const MAX_BATCH_BYTES: usize = 512 * 1024;
 #[derive(Clone)]
 pub struct MockWorker {
     ranks: Arc<Vec<mpsc::UnboundedSender<Command>>>,
+    inflight: Inflight,
 }
 
 impl MockWorker {
@@ -36,7 +38,13 @@ impl MockWorker {
     pub fn new(ranks: Vec<mpsc::UnboundedSender<Command>>) -> Self {
         Self {
             ranks: Arc::new(ranks),
+            inflight: Inflight::new(),
         }
+    }
+
+    /// Generations whose response stream is still open; shutdown drains them.
+    pub fn inflight(&self) -> &Inflight {
+        &self.inflight
     }
 
     fn start(&self, request: GenerateRequest) -> Result<ResponseStream, tonic::Status> {
@@ -70,7 +78,13 @@ impl MockWorker {
         let (tx, rx) = mpsc::unbounded_channel();
         rank.send(Command::Add(Box::new(engine_request), tx))
             .map_err(|_| tonic::Status::unavailable("worker is shutting down"))?;
-        Ok(UnboundedReceiverStream::new(rx).boxed())
+        let guard = self.inflight.enter();
+        Ok(UnboundedReceiverStream::new(rx)
+            .map(move |item| {
+                let _held_until_the_stream_drops = &guard;
+                item
+            })
+            .boxed())
     }
 
     async fn ask<T>(

@@ -30,7 +30,6 @@ pub(crate) struct Sequence {
     max_tokens: u32,
     min_tokens: u32,
     stop_token_ids: Vec<u32>,
-    ignore_eos: bool,
     num_thinking: u32,
     reasoning: Option<ReasoningConfig>,
     rng: Xoshiro256,
@@ -54,7 +53,7 @@ impl Sequence {
             max_tokens,
             min_tokens,
             stop_token_ids,
-            ignore_eos,
+            ignore_eos: _,
             lora_name,
         } = request;
         if prompt.is_empty() {
@@ -108,7 +107,6 @@ impl Sequence {
             max_tokens,
             min_tokens: min_tokens.min(max_tokens),
             stop_token_ids,
-            ignore_eos,
             num_thinking: thinking_len(config.reasoning.as_ref(), max_tokens),
             reasoning: config.reasoning,
             rng: Xoshiro256::for_request(config.seed, &request_id),
@@ -173,7 +171,6 @@ impl Sequence {
         let num_outputs = index + 1;
         // As vLLM: a stop token wins over the length limit on the same token.
         let finish = if marker.is_none()
-            && !self.ignore_eos
             && num_outputs >= self.min_tokens
             && self.stop_token_ids.contains(&token_id)
         {

@@ -18,7 +18,9 @@ pub struct EngineRequest {
     pub min_tokens: u32,
     /// Drawing one of these ends the request with [`FinishKind::Stop`].
     pub stop_token_ids: Vec<u32>,
-    /// Generate exactly the output length: stop tokens (where frontends put EOS) are ignored.
+    /// Keep generating past EOS. The mock engine never draws EOS (a special token), so its
+    /// outputs always run to a stop token or the length limit; explicit stop token ids still
+    /// apply, as in vLLM.
     pub ignore_eos: bool,
     /// LoRA adapter; mixed into the block hashes (specs/kv-events.md section 2).
     pub lora_name: Option<String>,

@@ -256,7 +256,8 @@ fn tokens_never_special_and_stop_rules_hold() {
     assert_eq!(with_stop(0, false), (first_stop, FinishKind::Stop));
     let (len, finish) = with_stop(first_stop as u32 + 1, false);
     assert!(len > first_stop && finish == FinishKind::Stop);
-    assert_eq!(with_stop(0, true), (500, FinishKind::Length));
+    // As in vLLM, ignore_eos does not disable explicit stop token ids.
+    assert_eq!(with_stop(0, true), (first_stop, FinishKind::Stop));
 }
 
 #[test]
