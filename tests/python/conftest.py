@@ -131,17 +131,19 @@ def start_distributed(backend, extra_env=None, mocker_args=()):
         env["ETCD_ENDPOINTS"] = require_env("ETCD_ENDPOINTS")
     env["NATS_SERVER"] = require_env("NATS_SERVER")
     port = free_port()
+    rpc_ports = [free_port() for _ in range(2)]
     frontend = Proc("frontend", ["kvmesh-frontend", "--http-host", "127.0.0.1", "--http-port", str(port),
                                  "--namespace", namespace], env)
     mockers = [
         Proc(f"mocker{i}", ["kvmesh-mocker", "--model-path", str(TINY_MODEL), "--model-name", "tiny",
                             "--endpoint", f"dyn://{namespace}.backend.generate", "--speedup-ratio", "100",
-                            "--block-size", "16", *mocker_args], env)
+                            "--block-size", "16", "--tcp-rpc-port", str(rpc_ports[i]), *mocker_args], env)
         for i in range(2)
     ]
     base = f"http://127.0.0.1:{port}"
     procs = [frontend, *mockers]
     mesh = Mesh(base, procs, namespace)
+    mesh.worker_rpc = [f"127.0.0.1:{p}" for p in rpc_ports]
     try:
         wait_ready(base, "tiny", 2, procs)
     except BaseException:

@@ -76,21 +76,52 @@ def test_etcd_nats_mesh_serves_the_sdk(etcd_mesh):
     exercise_sdk(etcd_mesh)
 
 
-def compile_events_proto(out_dir):
-    from grpc_tools import protoc
-    import grpc_tools
-    include = str(Path(grpc_tools.__file__).parent / "_proto")
-    rc = protoc.main(["protoc", f"-I{ROOT / 'proto'}", f"-I{include}", f"--python_out={out_dir}",
-                      "kvmesh/v1/events.proto"])
-    assert rc == 0
-    sys.path.insert(0, str(out_dir))
-    from kvmesh.v1 import events_pb2
-    return events_pb2
+_COMPILED = {}
+
+
+def compile_protos():
+    """Python stubs for the contracts, generated with grpcio-tools' bundled protoc."""
+    if not _COMPILED:
+        from grpc_tools import protoc
+        import grpc_tools
+        out_dir = Path(tempfile.mkdtemp())
+        include = str(Path(grpc_tools.__file__).parent / "_proto")
+        rc = protoc.main(["protoc", f"-I{ROOT / 'proto'}", f"-I{include}", f"--python_out={out_dir}",
+                          f"--grpc_python_out={out_dir}", "kvmesh/v1/events.proto", "kvmesh/v1/llm.proto",
+                          "kvmesh/v1/worker.proto"])
+        assert rc == 0
+        sys.path.insert(0, str(out_dir))
+        from kvmesh.v1 import events_pb2, worker_pb2, worker_pb2_grpc
+        _COMPILED.update(events_pb2=events_pb2, worker_pb2=worker_pb2, worker_pb2_grpc=worker_pb2_grpc)
+    return _COMPILED
+
+
+def worker_load(address):
+    import grpc
+    stubs = compile_protos()
+    with grpc.insecure_channel(address) as channel:
+        stub = stubs["worker_pb2_grpc"].WorkerStub(channel)
+        return stub.GetLoad(stubs["worker_pb2"].GetLoadRequest(), timeout=5).ranks[0]
+
+
+def test_client_disconnect_cancels_on_the_worker(etcd_mesh):
+    with requests.post(f"{etcd_mesh.base_url}/v1/chat/completions", stream=True, timeout=30, json={
+            "model": "tiny", "messages": [{"role": "user", "content": "a long answer please"}],
+            "max_tokens": 7000, "stream": True}) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        for _ in range(6):
+            next(lines)
+        running = sum(worker_load(a).num_running for a in etcd_mesh.worker_rpc)
+        assert running == 1, "the request is running on a worker"
+    wait_until(lambda: sum(worker_load(a).num_running for a in etcd_mesh.worker_rpc) == 0, timeout=10,
+               what="worker stopped the abandoned request")
+    assert all(worker_load(a).kv_used_blocks == 0 for a in etcd_mesh.worker_rpc)
 
 
 def test_kv_events_on_nats_decode(etcd_mesh):
     import nats
-    events_pb2 = compile_events_proto(Path(tempfile.mkdtemp()))
+    events_pb2 = compile_protos()["events_pb2"]
     # Long prompts fill whole 16-token blocks, so each mocker stores blocks.
     client = etcd_mesh.client()
     workers = set()

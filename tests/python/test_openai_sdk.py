@@ -88,6 +88,16 @@ def test_max_completion_tokens_wins(kvmesh_up):
     assert resp.usage.completion_tokens == 3
 
 
+def test_request_id_is_echoed(kvmesh_up):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    r = requests.post(f"{kvmesh_up.base_url}/v1/chat/completions", json=body,
+                      headers={"x-request-id": "my-request-42"})
+    assert r.headers["x-request-id"] == "my-request-42"
+    assert r.json()["id"] == "chatcmpl-my-request-42"
+    generated = requests.post(f"{kvmesh_up.base_url}/v1/chat/completions", json=body).headers["x-request-id"]
+    assert len(generated) == 36
+
+
 def test_worker_id_in_nvext(kvmesh_up):
     r = requests.post(f"{kvmesh_up.base_url}/v1/chat/completions", json={
         "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
