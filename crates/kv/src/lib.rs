@@ -1,12 +1,34 @@
-//! KV cache block identity: the hashing every engine, router and indexer must agree on.
+//! KV cache block identity and the block index.
 //!
-//! Hashes follow `specs/kv-events.md` bit for bit (XXH3-64 over little-endian u32 token ids, seed
-//! 1337 mixed with the LoRA name), so blocks reported by vLLM, SGLang or the kvmesh mocker index
-//! the same way as prompts hashed by the router.
+//! * [`hashing`]: the hashing every engine, router and indexer must agree on (specs/kv-events.md
+//!   §2, bit for bit with Dynamo).
+//! * [`RadixIndex`]: the single-threaded index of which (worker, dp_rank) holds which blocks, in
+//!   which tier (specs/indexer.md §1), with event ordering rules, counters, digest and dumps.
+//! * [`ConcurrentIndex`]: the same index split over apply lanes, answering queries on the caller's
+//!   thread while events apply.
+//! * [`ApproxIndex`]: the event-less index fed by routing decisions (TTL or LRU), also used as
+//!   the router's predicted side index.
+//! * [`replay`]: the Mooncake-trace replay benchmark behind `kvmesh bench indexer`.
 
+pub mod approx;
+pub mod concurrent;
+pub mod counters;
+pub mod events;
 pub mod hashing;
+pub mod radix;
+pub mod replay;
+pub mod scores;
+mod table;
 
+pub use approx::{ApproxConfig, ApproxIndex, ApproxPolicy};
+pub use concurrent::{ConcurrentIndex, LaneClosed};
+pub use counters::{EventCounters, EventStatus, EventType, StatusCounts};
+pub use events::{
+    KvEvent, KvEventBatch, KvEventKind, KvRemoved, KvStored, KvStoredBlock, Tier, WorkerKey,
+};
 pub use hashing::{
     BlockHasher, LocalBlockHash, SequenceHash, compute_block_hashes, compute_seq_hashes,
     kv_partition, seed_for,
 };
+pub use radix::{ApplyCursor, IndexDump, RadixIndex, WorkerCursor, digest_term};
+pub use scores::{MemberScore, OverlapScores};
