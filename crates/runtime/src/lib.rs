@@ -7,6 +7,7 @@ pub mod discovery;
 pub mod error;
 pub mod event_plane;
 pub mod names;
+pub mod net;
 pub mod shutdown;
 pub mod telemetry;
 pub mod worker_client;

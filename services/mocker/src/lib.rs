@@ -156,7 +156,7 @@ pub async fn run(
                 .await
                 .with_context(|| format!("bind worker gRPC server on {bind}"))?;
             let local = listener.local_addr()?;
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            let incoming = kvmesh_runtime::net::nodelay_incoming(listener);
             let server_shutdown = workers_shutdown.clone();
             tasks.spawn(async move {
                 let result = tonic::transport::Server::builder()

@@ -1,0 +1,218 @@
+//! The shard's single ordered reader of the KV event stream: applies every message of the
+//! shard's partitions in stream order, and takes consistent cuts (flush all lanes between two
+//! messages) for snapshots and status.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kvmesh_kv::{EventCounters, IndexDump, KvEventBatch};
+use kvmesh_proto::v1::{self as pb, IndexerState};
+use kvmesh_runtime::event_plane::{EventPlane, StreamMessage};
+use kvmesh_runtime::names;
+use prost::Message;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::convert::batch_from_proto;
+use crate::metrics::IndexerMetrics;
+use crate::shard::ShardState;
+
+/// How long the stream must stay quiet after start before a replica with nothing left to read
+/// counts as caught up.
+const IDLE_CATCH_UP: Duration = Duration::from_millis(300);
+
+/// One model's part of a consistent cut.
+#[derive(Debug, Clone)]
+pub struct ModelCut {
+    /// Served model name.
+    pub model: String,
+    /// Order-independent digest.
+    pub digest: u64,
+    /// Distinct workers indexed.
+    pub num_workers: u64,
+    /// (block, member) entries.
+    pub num_blocks: u64,
+    /// Event outcome counters.
+    pub counters: EventCounters,
+    /// The full state as events, for snapshots.
+    pub dump: Option<IndexDump>,
+}
+
+/// The shard's state between two stream messages.
+#[derive(Debug, Clone)]
+pub struct Cut {
+    /// Every message up to this sequence is applied, none after.
+    pub applied_seq: u64,
+    /// Per model, sorted by name.
+    pub models: Vec<ModelCut>,
+}
+
+/// Requests served by the consumer between two messages.
+pub enum Control {
+    /// A cut with dumps (snapshot).
+    Snapshot(oneshot::Sender<Result<Cut, String>>),
+    /// A cut without dumps (status).
+    Status(oneshot::Sender<Result<Cut, String>>),
+}
+
+/// Where the consumer reads.
+#[derive(Debug, Clone)]
+pub struct ConsumerConfig {
+    /// Namespace of the stream.
+    pub namespace: String,
+    /// Subject filters, one per owned partition.
+    pub filters: Vec<String>,
+}
+
+/// Reads the stream from `start_seq` until `shutdown`, applying this shard's events.
+pub async fn run_consumer(
+    state: Arc<ShardState>,
+    events: Arc<dyn EventPlane>,
+    config: ConsumerConfig,
+    start_seq: u64,
+    mut control: mpsc::Receiver<Control>,
+    metrics: Arc<IndexerMetrics>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let stream_name = names::kv_stream_name(&config.namespace);
+    let tail_at_start = events.last_sequence(&stream_name).await.unwrap_or(0);
+    let mut stream = events
+        .consume(&stream_name, &config.filters, start_seq.max(1))
+        .await?;
+    if state.applied_seq() >= tail_at_start {
+        state.set_state(IndexerState::Serving);
+    }
+    let idle = tokio::time::sleep(IDLE_CATCH_UP);
+    tokio::pin!(idle);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            _ = &mut idle, if state.state() == IndexerState::Loading => {
+                tracing::info!(applied_seq = state.applied_seq(), "caught up with the stream, serving");
+                state.set_state(IndexerState::Serving);
+            }
+            request = control.recv() => match request {
+                Some(Control::Snapshot(reply)) => { let _ = reply.send(cut(&state, true).await); }
+                Some(Control::Status(reply)) => { let _ = reply.send(cut(&state, false).await); }
+                None => return Ok(()),
+            },
+            message = stream.next() => match message {
+                Some(Ok(message)) => {
+                    apply(&state, &config.namespace, message, &metrics);
+                    if state.state() == IndexerState::Loading {
+                        if state.applied_seq() >= tail_at_start {
+                            tracing::info!(applied_seq = state.applied_seq(), "caught up with the stream, serving");
+                            state.set_state(IndexerState::Serving);
+                        } else {
+                            idle.as_mut().reset(tokio::time::Instant::now() + IDLE_CATCH_UP);
+                        }
+                    }
+                }
+                Some(Err(error)) => return Err(anyhow::anyhow!("kv event stream failed: {error}")),
+                None => return Err(anyhow::anyhow!("kv event stream ended")),
+            },
+        }
+    }
+}
+
+/// The model a KV subject `kvmesh.{ns}.kv.{model}.{partition}` carries.
+pub fn model_of_subject(subject: &str) -> Option<String> {
+    let mut tokens = subject.split('.');
+    let (_, _, kind, model) = (
+        tokens.next()?,
+        tokens.next()?,
+        tokens.next()?,
+        tokens.next()?,
+    );
+    (kind == "kv").then(|| names::decode_subject_token(model))?
+}
+
+fn apply(state: &ShardState, namespace: &str, message: StreamMessage, metrics: &IndexerMetrics) {
+    let _ = namespace;
+    let seq = message.sequence;
+    let Some(model) = model_of_subject(&message.subject) else {
+        metrics.malformed.inc();
+        tracing::warn!(subject = %message.subject, "kv event on an unexpected subject, skipped");
+        state.set_applied_seq(seq);
+        return;
+    };
+    let batch = match pb::KvEventBatch::decode(message.payload.as_ref()) {
+        Ok(batch) => batch_from_proto(batch),
+        Err(error) => {
+            metrics.malformed.inc();
+            tracing::warn!(%error, seq, "undecodable kv event batch, skipped");
+            state.set_applied_seq(seq);
+            return;
+        }
+    };
+    if !state.layout.owns_worker(batch.worker_id) {
+        state.set_applied_seq(seq);
+        return;
+    }
+    if batch.worker_removed {
+        // Worker ids are never reused: the worker leaves every model of this shard.
+        let index = state.model_or_insert(&model);
+        for (_, other) in state.models() {
+            if !Arc::ptr_eq(&other, &index) {
+                apply_batch(&other, KvEventBatch::worker_removed(batch.worker_id));
+            }
+        }
+        apply_batch(&index, batch);
+    } else {
+        apply_batch(&state.model_or_insert(&model), batch);
+    }
+    state.set_applied_seq(seq);
+}
+
+fn apply_batch(index: &kvmesh_kv::ConcurrentIndex, batch: KvEventBatch) {
+    if let Err(error) = index.apply(batch) {
+        tracing::error!(%error, "kv index lane stopped");
+    }
+}
+
+async fn cut(state: &Arc<ShardState>, with_dump: bool) -> Result<Cut, String> {
+    let state = state.clone();
+    tokio::task::spawn_blocking(move || {
+        let applied_seq = state.applied_seq();
+        let mut models = Vec::new();
+        for (model, index) in state.models() {
+            index.flush().map_err(|e| e.to_string())?;
+            let dump = if with_dump {
+                Some(index.dump().map_err(|e| e.to_string())?)
+            } else {
+                None
+            };
+            models.push(ModelCut {
+                model,
+                digest: index.digest(),
+                num_workers: index.num_workers() as u64,
+                num_blocks: index.num_blocks(),
+                counters: index.counters(),
+                dump,
+            });
+        }
+        Ok(Cut {
+            applied_seq,
+            models,
+        })
+    })
+    .await
+    .map_err(|e| format!("cut task failed: {e}"))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_name_their_model() {
+        let subject = names::kv_subject("ns", "Qwen/Qwen3-0.6B", 3);
+        assert_eq!(
+            model_of_subject(&subject).as_deref(),
+            Some("Qwen/Qwen3-0.6B")
+        );
+        assert_eq!(model_of_subject("kvmesh.ns.load.m"), None);
+        assert_eq!(model_of_subject("short"), None);
+    }
+}

@@ -1,0 +1,14 @@
+//! `kvmesh-indexer`: one replica of one KV indexer shard.
+
+use kvmesh_indexer::IndexerOpts;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let opts: IndexerOpts = kvmesh_runtime::config::parse_args(|o: &IndexerOpts| &o.runtime);
+    if let Err(message) = opts.layout() {
+        kvmesh_runtime::config::exit_config_error(&message);
+    }
+    kvmesh_runtime::telemetry::init_tracing(opts.runtime.log_format);
+    let shutdown = kvmesh_runtime::shutdown::signal_token();
+    kvmesh_indexer::run(opts, None, shutdown).await
+}

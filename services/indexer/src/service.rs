@@ -1,0 +1,242 @@
+//! The `kvmesh.v1.Indexer` gRPC service over a shard replica.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use futures::StreamExt;
+use kvmesh_proto::v1::indexer_server::Indexer;
+use kvmesh_proto::v1::{
+    EventCursor, FindMatchesRequest, FindMatchesResponse, IndexerState, ModelSnapshot, ModelStatus,
+    SnapshotChunk, SnapshotEvents, SnapshotHeader, SnapshotRequest, StatusRequest, StatusResponse,
+    snapshot_chunk,
+};
+use kvmesh_runtime::event_plane::EventPlane;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::consumer::{Control, Cut};
+use crate::convert::{batch_to_proto, scores_to_proto};
+use crate::metrics::IndexerMetrics;
+use crate::shard::ShardState;
+
+/// Batches per snapshot chunk, keeping chunks well under gRPC's message limit.
+const BATCHES_PER_CHUNK: usize = 16;
+
+/// Serves queries from the shard's state and cuts through its consumer.
+#[derive(Clone)]
+pub struct IndexerService {
+    state: Arc<ShardState>,
+    control: mpsc::Sender<Control>,
+    metrics: Arc<IndexerMetrics>,
+    /// Block size per model, from the model cards in discovery.
+    block_sizes: Arc<ArcSwap<HashMap<String, u32>>>,
+    events: Arc<dyn EventPlane>,
+    stream_name: String,
+}
+
+impl IndexerService {
+    /// Wraps a shard replica.
+    pub fn new(
+        state: Arc<ShardState>,
+        control: mpsc::Sender<Control>,
+        metrics: Arc<IndexerMetrics>,
+        block_sizes: Arc<ArcSwap<HashMap<String, u32>>>,
+        events: Arc<dyn EventPlane>,
+        stream_name: String,
+    ) -> Self {
+        Self {
+            state,
+            control,
+            metrics,
+            block_sizes,
+            events,
+            stream_name,
+        }
+    }
+
+    /// Takes a consistent cut through the consumer.
+    pub async fn cut(&self, with_dump: bool) -> Result<Cut, tonic::Status> {
+        let (tx, rx) = oneshot::channel();
+        let request = if with_dump {
+            Control::Snapshot(tx)
+        } else {
+            Control::Status(tx)
+        };
+        self.control
+            .send(request)
+            .await
+            .map_err(|_| tonic::Status::unavailable("indexer is stopping"))?;
+        let cut = rx
+            .await
+            .map_err(|_| tonic::Status::unavailable("indexer is stopping"))?
+            .map_err(tonic::Status::internal)?;
+        self.metrics.update(&cut);
+        Ok(cut)
+    }
+
+    fn local_hashes(&self, request: &FindMatchesRequest) -> Result<Vec<u64>, tonic::Status> {
+        if request.token_ids.is_empty() {
+            return Ok(request.local_hashes.clone());
+        }
+        if !request.local_hashes.is_empty() {
+            return Err(tonic::Status::invalid_argument(
+                "give either local_hashes or token_ids, not both",
+            ));
+        }
+        let block_size = match request.block_size {
+            0 => self
+                .block_sizes
+                .load()
+                .get(&request.model)
+                .copied()
+                .ok_or_else(|| {
+                    tonic::Status::invalid_argument(format!(
+                        "block_size is required: no model card for {:?}",
+                        request.model
+                    ))
+                })?,
+            size => size,
+        };
+        let seed = kvmesh_kv::seed_for(Some(&request.lora_name), None);
+        Ok(kvmesh_kv::compute_block_hashes(
+            &request.token_ids,
+            block_size as usize,
+            seed,
+        ))
+    }
+}
+
+#[tonic::async_trait]
+impl Indexer for IndexerService {
+    async fn find_matches(
+        &self,
+        request: tonic::Request<FindMatchesRequest>,
+    ) -> Result<tonic::Response<FindMatchesResponse>, tonic::Status> {
+        if self.state.state() != IndexerState::Serving {
+            return Err(tonic::Status::unavailable(
+                "indexer replica is not serving yet",
+            ));
+        }
+        let request = request.into_inner();
+        let started = Instant::now();
+        let hashes = self.local_hashes(&request)?;
+        let scores = self.state.find_matches(&request.model, &hashes);
+        self.metrics.queries.inc();
+        self.metrics
+            .find_matches_seconds
+            .observe(started.elapsed().as_secs_f64());
+        Ok(tonic::Response::new(FindMatchesResponse {
+            scores: scores_to_proto(&scores),
+            frequencies: scores.frequencies,
+            applied_seq: self.state.applied_seq(),
+            partitions: self.state.layout.partitions.clone(),
+            missing_partitions: Vec::new(),
+        }))
+    }
+
+    type SnapshotStream = futures::stream::BoxStream<'static, Result<SnapshotChunk, tonic::Status>>;
+
+    async fn snapshot(
+        &self,
+        _request: tonic::Request<SnapshotRequest>,
+    ) -> Result<tonic::Response<Self::SnapshotStream>, tonic::Status> {
+        if self.state.state() != IndexerState::Serving {
+            return Err(tonic::Status::unavailable(
+                "indexer replica is not serving yet",
+            ));
+        }
+        let cut = self.cut(true).await?;
+        let layout = &self.state.layout;
+        let header = SnapshotHeader {
+            stream_seq: cut.applied_seq,
+            shard: layout.shard,
+            shards: layout.shards,
+            partitions: layout.partitions.clone(),
+            models: cut
+                .models
+                .iter()
+                .map(|model| ModelSnapshot {
+                    model: model.model.clone(),
+                    digest: model.digest,
+                    cursors: model
+                        .dump
+                        .as_ref()
+                        .map(|dump| {
+                            dump.cursors
+                                .iter()
+                                .map(|cursor| EventCursor {
+                                    worker_id: cursor.worker.worker_id,
+                                    dp_rank: cursor.worker.dp_rank,
+                                    last_event_id: cursor.last_event_id,
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                })
+                .collect(),
+        };
+        let mut chunks = vec![Ok(SnapshotChunk {
+            kind: Some(snapshot_chunk::Kind::Header(header)),
+        })];
+        for model in cut.models {
+            let Some(dump) = model.dump else {
+                continue;
+            };
+            for batches in dump.batches.chunks(BATCHES_PER_CHUNK) {
+                chunks.push(Ok(SnapshotChunk {
+                    kind: Some(snapshot_chunk::Kind::Events(SnapshotEvents {
+                        model: model.model.clone(),
+                        batches: batches.iter().map(batch_to_proto).collect(),
+                    })),
+                }));
+            }
+        }
+        Ok(tonic::Response::new(futures::stream::iter(chunks).boxed()))
+    }
+
+    async fn status(
+        &self,
+        _request: tonic::Request<StatusRequest>,
+    ) -> Result<tonic::Response<StatusResponse>, tonic::Status> {
+        let cut = self.cut(false).await?;
+        let stream_last_seq = self
+            .events
+            .last_sequence(&self.stream_name)
+            .await
+            .unwrap_or(0);
+        self.metrics
+            .lag
+            .set(i64::try_from(stream_last_seq.saturating_sub(cut.applied_seq)).unwrap_or(0));
+        let mut counters = HashMap::new();
+        for model in &cut.models {
+            for (event_type, status, count) in model.counters.applied() {
+                *counters
+                    .entry(format!("{}/{}", event_type.as_str(), status.as_str()))
+                    .or_insert(0) += count;
+            }
+            *counters.entry("gaps".to_string()).or_insert(0) += model.counters.gaps;
+            *counters.entry("duplicates".to_string()).or_insert(0) += model.counters.duplicates;
+        }
+        let layout = &self.state.layout;
+        Ok(tonic::Response::new(StatusResponse {
+            state: self.state.state() as i32,
+            shard: layout.shard,
+            shards: layout.shards,
+            partitions: layout.partitions.clone(),
+            applied_seq: cut.applied_seq,
+            stream_last_seq,
+            models: cut
+                .models
+                .iter()
+                .map(|model| ModelStatus {
+                    model: model.model.clone(),
+                    workers: model.num_workers,
+                    blocks: model.num_blocks,
+                    digest: model.digest,
+                })
+                .collect(),
+            counters,
+        }))
+    }
+}
