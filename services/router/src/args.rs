@@ -1,0 +1,446 @@
+//! The router's command-line flags and environment variables (frontend-flags.md, router rows),
+//! for `#[command(flatten)]` into the frontend, the router service and `kvmesh up`.
+//!
+//! Names, environment variables, defaults and ranges follow the spec exactly. Booleans are
+//! strict (`1 true yes on` / `0 false no off`) and negatable (`--x` / `--no-x`); nullable
+//! thresholds accept the literal `None`. Invalid values stop start-up with a message naming the
+//! flag. [`RouterArgs::to_config`] applies the deprecated-alias rules and validates.
+
+use std::ffi::OsStr;
+use std::time::Duration;
+
+use clap::Args;
+use kvmesh_runtime::config::{negatable, parse_bool};
+
+use crate::config::{
+    ApproxCachePolicy, BusyThresholds, ConfigError, KvRouterConfig, QueuePolicy, RouterConfig,
+    RouterMode, SessionAffinityMode, apply_legacy_overlap_weight,
+};
+
+/// Deprecated environment spelling of `--router-kv-overlap-score-weight`.
+pub const LEGACY_OVERLAP_WEIGHT_ENV: &str = "DYN_OVERLAP_SCORE_WEIGHT";
+
+/// Deprecated flag spellings and what they stand for (each works, with one WARN).
+pub const DEPRECATED_ALIASES: [(&str, &str); 10] = [
+    (
+        "--kv-overlap-score-weight",
+        "--router-kv-overlap-score-weight",
+    ),
+    ("--kv-events", "--router-kv-events"),
+    ("--no-kv-events", "--no-router-kv-events"),
+    ("--router-ttl", "--router-ttl-secs"),
+    ("--track-active-blocks", "--router-track-active-blocks"),
+    (
+        "--no-track-active-blocks",
+        "--no-router-track-active-blocks",
+    ),
+    ("--assume-kv-reuse", "--router-assume-kv-reuse"),
+    ("--no-assume-kv-reuse", "--no-router-assume-kv-reuse"),
+    ("--track-output-blocks", "--router-track-output-blocks"),
+    (
+        "--no-track-output-blocks",
+        "--no-router-track-output-blocks",
+    ),
+];
+
+/// A nullable threshold: a number, or `None` (the check is off).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Nullable<T>(pub Option<T>);
+
+/// Every router flag the routing core reads (see the module docs).
+#[derive(Debug, Clone, Args)]
+pub struct RouterArgs {
+    /// How requests are spread over workers.
+    #[arg(
+        long,
+        env = "DYN_ROUTER_MODE",
+        value_enum,
+        default_value = "round-robin"
+    )]
+    pub router_mode: RouterMode,
+
+    /// Workers with runtime config needed before the model is ready (0 = no wait).
+    #[arg(long, env = "DYN_ROUTER_MIN_INITIAL_WORKERS", default_value_t = 0)]
+    pub router_min_initial_workers: u32,
+
+    /// Session affinity idle TTL in seconds (unset = off); the key is X-Dynamo-Session-ID.
+    #[arg(long, env = "DYN_ROUTER_SESSION_AFFINITY_TTL_SECS", value_parser = clap::value_parser!(u32).range(1..=31_536_000))]
+    pub router_session_affinity_ttl_secs: Option<u32>,
+
+    /// hard: the bound worker or nothing; soft: the bound worker when eligible.
+    #[arg(
+        long,
+        env = "DYN_ROUTER_SESSION_AFFINITY_MODE",
+        value_enum,
+        default_value = "hard"
+    )]
+    pub router_session_affinity_mode: SessionAffinityMode,
+
+    /// Load-only kv routing: credit 0, no KV events, no KV-reuse assumption, tracking on.
+    #[arg(long, env = "DYN_ROUTER_LOAD_AWARE", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub load_aware: bool,
+    /// Turn --load-aware off.
+    #[arg(long, overrides_with = "load_aware")]
+    pub no_load_aware: bool,
+
+    /// Credit per device-cached prompt block against prefill (0 = never query the index).
+    #[arg(long, env = "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT", default_value_t = 1.0, value_parser = finite_non_negative, allow_negative_numbers = true)]
+    pub router_kv_overlap_score_credit: f64,
+
+    /// Decay of device credit with excess active prefill (0 = none).
+    #[arg(long, env = "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT_DECAY", default_value_t = 0.0, value_parser = finite_non_negative, allow_negative_numbers = true)]
+    pub router_kv_overlap_score_credit_decay: f64,
+
+    /// Weight of the adjusted prefill blocks in the cost.
+    #[arg(long, env = "DYN_ROUTER_PREFILL_LOAD_SCALE", default_value_t = 1.0, value_parser = finite_non_negative, allow_negative_numbers = true)]
+    pub router_prefill_load_scale: f64,
+
+    /// Credit per block matched in host memory (0–1).
+    #[arg(long, env = "DYN_ROUTER_HOST_CACHE_HIT_WEIGHT", default_value_t = 0.75, value_parser = unit_interval, allow_negative_numbers = true)]
+    pub router_host_cache_hit_weight: f64,
+
+    /// Credit per block matched on disk (0–1).
+    #[arg(long, env = "DYN_ROUTER_DISK_CACHE_HIT_WEIGHT", default_value_t = 0.25, value_parser = unit_interval, allow_negative_numbers = true)]
+    pub router_disk_cache_hit_weight: f64,
+
+    /// Softmax temperature of worker selection (0 = lowest cost).
+    #[arg(long, env = "DYN_ROUTER_TEMPERATURE", default_value_t = 0.0, value_parser = finite_non_negative, allow_negative_numbers = true)]
+    pub router_temperature: f64,
+
+    /// Deprecated: non-zero sets the prefill load scale; 0 turns scale and credit off.
+    #[arg(long, visible_alias = "kv-overlap-score-weight", env = "DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT", value_parser = finite_non_negative, allow_negative_numbers = true)]
+    pub router_kv_overlap_score_weight: Option<f64>,
+
+    /// Use KV events (false = approximate mode, fed by routing decisions).
+    #[arg(long, visible_alias = "kv-events", env = "DYN_ROUTER_USE_KV_EVENTS", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub router_kv_events: bool,
+    /// Approximate mode: no KV events.
+    #[arg(
+        long,
+        visible_alias = "no-kv-events",
+        overrides_with = "router_kv_events"
+    )]
+    pub no_router_kv_events: bool,
+
+    /// TTL in seconds of approximate-index entries.
+    #[arg(long, visible_alias = "router-ttl", env = "DYN_ROUTER_TTL_SECS", default_value_t = 120.0, value_parser = positive, allow_negative_numbers = true)]
+    pub router_ttl_secs: f64,
+
+    /// Approximate-index blocks above which it prunes.
+    #[arg(long, env = "DYN_ROUTER_MAX_TREE_SIZE", default_value_t = 1_048_576, value_parser = clap::value_parser!(u64).range(1..))]
+    pub router_max_tree_size: u64,
+
+    /// Fraction of the max tree size a prune goes down to, in (0, 1].
+    #[arg(long, env = "DYN_ROUTER_PRUNE_TARGET_RATIO", default_value_t = 0.8, value_parser = prune_ratio, allow_negative_numbers = true)]
+    pub router_prune_target_ratio: f64,
+
+    /// Approximate-index eviction: ttl, or lru bounded by each rank's total_kv_blocks.
+    #[arg(
+        long,
+        env = "DYN_ROUTER_APPROXIMATE_CACHE_POLICY",
+        value_enum,
+        default_value = "ttl"
+    )]
+    pub router_approximate_cache_policy: ApproxCachePolicy,
+
+    /// TTL in seconds of the predicted side index (unset = off; needs KV events).
+    #[arg(long, env = "DYN_ROUTER_PREDICTED_TTL_SECS", value_parser = positive, allow_negative_numbers = true)]
+    pub router_predicted_ttl_secs: Option<f64>,
+
+    /// Apply threads of the in-process KV index.
+    #[arg(long, env = "DYN_ROUTER_EVENT_THREADS", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..))]
+    pub router_event_threads: u64,
+
+    /// Share active load with router replicas.
+    #[arg(long, env = "DYN_ROUTER_REPLICA_SYNC", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub router_replica_sync: bool,
+    /// Turn --router-replica-sync off.
+    #[arg(long, overrides_with = "router_replica_sync")]
+    pub no_router_replica_sync: bool,
+
+    /// Track the blocks of active requests (decode load).
+    #[arg(long, visible_alias = "track-active-blocks", env = "DYN_ROUTER_TRACK_ACTIVE_BLOCKS", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub router_track_active_blocks: bool,
+    /// Do not track active blocks.
+    #[arg(
+        long,
+        visible_alias = "no-track-active-blocks",
+        overrides_with = "router_track_active_blocks"
+    )]
+    pub no_router_track_active_blocks: bool,
+
+    /// Assume requests sharing a prefix share KV blocks on the worker.
+    #[arg(long, visible_alias = "assume-kv-reuse", env = "DYN_ROUTER_ASSUME_KV_REUSE", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub router_assume_kv_reuse: bool,
+    /// Do not assume KV reuse.
+    #[arg(
+        long,
+        visible_alias = "no-assume-kv-reuse",
+        overrides_with = "router_assume_kv_reuse"
+    )]
+    pub no_router_assume_kv_reuse: bool,
+
+    /// Grow tracked blocks as output is generated.
+    #[arg(long, visible_alias = "track-output-blocks", env = "DYN_ROUTER_TRACK_OUTPUT_BLOCKS", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub router_track_output_blocks: bool,
+    /// Do not track output blocks.
+    #[arg(
+        long,
+        visible_alias = "no-track-output-blocks",
+        overrides_with = "router_track_output_blocks"
+    )]
+    pub no_router_track_output_blocks: bool,
+
+    /// Cost per request already active on a worker.
+    #[arg(long, env = "DYN_ROUTER_DECODE_ACTIVE_REQUEST_WEIGHT", default_value_t = 0.0, value_parser = finite_non_negative, allow_negative_numbers = true)]
+    pub router_decode_active_request_weight: f64,
+
+    /// Track prefill tokens of active requests until their first token.
+    #[arg(long, env = "DYN_ROUTER_TRACK_PREFILL_TOKENS", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub router_track_prefill_tokens: bool,
+    /// Do not track prefill tokens.
+    #[arg(long, overrides_with = "router_track_prefill_tokens")]
+    pub no_router_track_prefill_tokens: bool,
+
+    /// Park requests when every worker's active prefill exceeds this fraction of its
+    /// max_num_batched_tokens (unset = no queue).
+    #[arg(long, env = "DYN_ROUTER_QUEUE_THRESHOLD", value_parser = finite_non_negative, allow_negative_numbers = true)]
+    pub router_queue_threshold: Option<f64>,
+
+    /// Order of parked requests.
+    #[arg(
+        long,
+        env = "DYN_ROUTER_QUEUE_POLICY",
+        value_enum,
+        default_value = "fcfs"
+    )]
+    pub router_queue_policy: QueuePolicy,
+
+    /// Busy when KV usage exceeds this fraction of total_kv_blocks (0–1, or None).
+    #[arg(long, env = "DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD", value_parser = nullable_fraction, allow_negative_numbers = true)]
+    pub active_decode_blocks_threshold: Option<Nullable<f64>>,
+
+    /// Busy when active prefill tokens exceed this (or None).
+    #[arg(long, env = "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD", value_parser = nullable_tokens, allow_negative_numbers = true)]
+    pub active_prefill_tokens_threshold: Option<Nullable<u64>>,
+
+    /// Busy when active prefill tokens exceed this fraction of max_num_batched_tokens (or None).
+    #[arg(long, env = "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC", value_parser = nullable_non_negative, allow_negative_numbers = true)]
+    pub active_prefill_tokens_threshold_frac: Option<Nullable<f64>>,
+
+    /// Seconds after which a tracked request is presumed lost and freed.
+    #[arg(
+        long,
+        hide = true,
+        env = "DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS",
+        default_value_t = 300
+    )]
+    pub router_active_request_expiry_secs: u64,
+
+    /// Queue wait in seconds after which overlap is re-queried at dequeue (0 = never).
+    #[arg(long, hide = true, env = "DYN_ROUTER_OVERLAP_REFRESH_AFTER_SECS", default_value_t = 10.0, value_parser = finite_non_negative, allow_negative_numbers = true)]
+    pub router_overlap_refresh_after_secs: f64,
+
+    /// Weight of an accelerator worker against a CPU worker in device-aware-weighted mode.
+    #[arg(long, hide = true, env = "DYN_ENCODER_CUDA_TO_CPU_RATIO", default_value_t = 8.0, value_parser = positive, allow_negative_numbers = true)]
+    pub encoder_cuda_to_cpu_ratio: f64,
+}
+
+impl RouterArgs {
+    /// The configuration, reading the deprecated `DYN_OVERLAP_SCORE_WEIGHT` from the process
+    /// environment.
+    pub fn to_config(&self) -> Result<RouterConfig, ConfigError> {
+        self.to_config_with_env(|name| std::env::var(name).ok())
+    }
+
+    /// The configuration, with `env` as the environment (tests).
+    pub fn to_config_with_env(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<RouterConfig, ConfigError> {
+        let mut kv = KvRouterConfig {
+            overlap_score_credit: self.router_kv_overlap_score_credit,
+            overlap_score_credit_decay: self.router_kv_overlap_score_credit_decay,
+            prefill_load_scale: self.router_prefill_load_scale,
+            host_cache_hit_weight: self.router_host_cache_hit_weight,
+            disk_cache_hit_weight: self.router_disk_cache_hit_weight,
+            temperature: self.router_temperature,
+            decode_active_request_weight: self.router_decode_active_request_weight,
+            track_active_blocks: negatable(
+                self.router_track_active_blocks,
+                self.no_router_track_active_blocks,
+            ),
+            track_output_blocks: negatable(
+                self.router_track_output_blocks,
+                self.no_router_track_output_blocks,
+            ),
+            track_prefill_tokens: negatable(
+                self.router_track_prefill_tokens,
+                self.no_router_track_prefill_tokens,
+            ),
+            assume_kv_reuse: negatable(self.router_assume_kv_reuse, self.no_router_assume_kv_reuse),
+            load_aware: negatable(self.load_aware, self.no_load_aware),
+            use_kv_events: negatable(self.router_kv_events, self.no_router_kv_events),
+            ttl: Duration::from_secs_f64(self.router_ttl_secs),
+            max_tree_size: usize::try_from(self.router_max_tree_size).unwrap_or(usize::MAX),
+            prune_target_ratio: self.router_prune_target_ratio,
+            approx_cache_policy: self.router_approximate_cache_policy,
+            predicted_ttl: self.router_predicted_ttl_secs.map(Duration::from_secs_f64),
+            event_threads: usize::try_from(self.router_event_threads).unwrap_or(usize::MAX),
+            active_request_expiry: Duration::from_secs(self.router_active_request_expiry_secs),
+            overlap_refresh_after: (self.router_overlap_refresh_after_secs > 0.0)
+                .then(|| Duration::from_secs_f64(self.router_overlap_refresh_after_secs)),
+        };
+        if let Some(weight) = self.legacy_weight(&env)? {
+            apply_legacy_overlap_weight(
+                weight,
+                &mut kv.overlap_score_credit,
+                &mut kv.prefill_load_scale,
+            );
+        }
+        let config = RouterConfig {
+            mode: self.router_mode,
+            kv,
+            busy: BusyThresholds {
+                active_decode_blocks_threshold: self
+                    .active_decode_blocks_threshold
+                    .and_then(|n| n.0),
+                active_prefill_tokens_threshold: self
+                    .active_prefill_tokens_threshold
+                    .and_then(|n| n.0),
+                active_prefill_tokens_threshold_frac: self
+                    .active_prefill_tokens_threshold_frac
+                    .and_then(|n| n.0),
+            },
+            queue_threshold: self.router_queue_threshold,
+            queue_policy: self.router_queue_policy,
+            session_affinity_ttl: self
+                .router_session_affinity_ttl_secs
+                .map(|secs| Duration::from_secs(u64::from(secs))),
+            session_affinity_mode: self.router_session_affinity_mode,
+            min_initial_workers: self.router_min_initial_workers,
+            encoder_cuda_to_cpu_ratio: self.encoder_cuda_to_cpu_ratio,
+            replica_sync: negatable(self.router_replica_sync, self.no_router_replica_sync),
+        }
+        .resolved();
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// One WARN line per deprecated spelling in `argv` and per deprecated option in use.
+    pub fn deprecation_warnings<I, S>(&self, argv: I) -> Vec<String>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut warnings = Vec::new();
+        for arg in argv {
+            let arg = arg.as_ref().to_string_lossy();
+            let name = arg.split('=').next().unwrap_or_default();
+            if let Some((old, new)) = DEPRECATED_ALIASES.iter().find(|(old, _)| *old == name) {
+                warnings.push(format!("{old} is deprecated; use {new}"));
+            }
+        }
+        if self.router_kv_overlap_score_weight.is_some() {
+            warnings.push(
+                "--router-kv-overlap-score-weight is deprecated; use \
+                 --router-prefill-load-scale and --router-kv-overlap-score-credit"
+                    .into(),
+            );
+        }
+        warnings
+    }
+
+    fn legacy_weight(
+        &self,
+        env: &impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<f64>, ConfigError> {
+        if let Some(weight) = self.router_kv_overlap_score_weight {
+            return Ok(Some(weight));
+        }
+        let Some(raw) = env(LEGACY_OVERLAP_WEIGHT_ENV).filter(|v| !v.trim().is_empty()) else {
+            return Ok(None);
+        };
+        finite_non_negative(&raw).map(Some).map_err(|e| {
+            ConfigError(format!(
+                "--router-kv-overlap-score-weight ({LEGACY_OVERLAP_WEIGHT_ENV}): {e}"
+            ))
+        })
+    }
+}
+
+fn number(value: &str) -> Result<f64, String> {
+    value
+        .trim()
+        .parse::<f64>()
+        .map_err(|_| format!("not a number: {value:?}"))
+}
+
+fn finite_non_negative(value: &str) -> Result<f64, String> {
+    let x = number(value)?;
+    if x.is_finite() && x >= 0.0 {
+        Ok(x)
+    } else {
+        Err(format!("must be >= 0, got {value}"))
+    }
+}
+
+fn positive(value: &str) -> Result<f64, String> {
+    let x = number(value)?;
+    if x.is_finite() && x > 0.0 {
+        Ok(x)
+    } else {
+        Err(format!("must be > 0, got {value}"))
+    }
+}
+
+fn unit_interval(value: &str) -> Result<f64, String> {
+    let x = number(value)?;
+    if (0.0..=1.0).contains(&x) {
+        Ok(x)
+    } else {
+        Err(format!("must be between 0 and 1, got {value}"))
+    }
+}
+
+fn prune_ratio(value: &str) -> Result<f64, String> {
+    let x = number(value)?;
+    if x > 0.0 && x <= 1.0 {
+        Ok(x)
+    } else {
+        Err(format!("must be in (0, 1], got {value}"))
+    }
+}
+
+fn is_none(value: &str) -> bool {
+    value.trim() == "None"
+}
+
+fn nullable_fraction(value: &str) -> Result<Nullable<f64>, String> {
+    if is_none(value) {
+        return Ok(Nullable(None));
+    }
+    unit_interval(value).map(|x| Nullable(Some(x)))
+}
+
+fn nullable_non_negative(value: &str) -> Result<Nullable<f64>, String> {
+    if is_none(value) {
+        return Ok(Nullable(None));
+    }
+    finite_non_negative(value).map(|x| Nullable(Some(x)))
+}
+
+fn nullable_tokens(value: &str) -> Result<Nullable<u64>, String> {
+    if is_none(value) {
+        return Ok(Nullable(None));
+    }
+    value
+        .trim()
+        .parse::<u64>()
+        .map(|x| Nullable(Some(x)))
+        .map_err(|_| format!("must be a non-negative integer or None, got {value}"))
+}
+
+#[cfg(test)]
+#[path = "args_tests.rs"]
+mod tests;

@@ -1,0 +1,314 @@
+//! Flag names, environment names, parsing rules and resolution of the router flags.
+
+use clap::{CommandFactory, Parser};
+
+use super::*;
+
+#[derive(Debug, Parser)]
+struct Cli {
+    #[command(flatten)]
+    router: RouterArgs,
+}
+
+fn parse(args: &[&str]) -> Result<RouterConfig, String> {
+    let cli = Cli::try_parse_from(std::iter::once("x").chain(args.iter().copied()))
+        .map_err(|e| e.to_string())?;
+    cli.router
+        .to_config_with_env(|_| None)
+        .map_err(|e| e.to_string())
+}
+
+fn error(args: &[&str]) -> String {
+    parse(args).unwrap_err()
+}
+
+#[test]
+fn defaults_are_the_spec_defaults() {
+    assert_eq!(parse(&[]).unwrap(), RouterConfig::default());
+}
+
+#[test]
+fn flags_and_environment_names_match_the_spec() {
+    let expected = [
+        ("router-mode", "DYN_ROUTER_MODE"),
+        (
+            "router-min-initial-workers",
+            "DYN_ROUTER_MIN_INITIAL_WORKERS",
+        ),
+        (
+            "router-session-affinity-ttl-secs",
+            "DYN_ROUTER_SESSION_AFFINITY_TTL_SECS",
+        ),
+        (
+            "router-session-affinity-mode",
+            "DYN_ROUTER_SESSION_AFFINITY_MODE",
+        ),
+        ("load-aware", "DYN_ROUTER_LOAD_AWARE"),
+        (
+            "router-kv-overlap-score-credit",
+            "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT",
+        ),
+        (
+            "router-kv-overlap-score-credit-decay",
+            "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT_DECAY",
+        ),
+        ("router-prefill-load-scale", "DYN_ROUTER_PREFILL_LOAD_SCALE"),
+        (
+            "router-host-cache-hit-weight",
+            "DYN_ROUTER_HOST_CACHE_HIT_WEIGHT",
+        ),
+        (
+            "router-disk-cache-hit-weight",
+            "DYN_ROUTER_DISK_CACHE_HIT_WEIGHT",
+        ),
+        ("router-temperature", "DYN_ROUTER_TEMPERATURE"),
+        (
+            "router-kv-overlap-score-weight",
+            "DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT",
+        ),
+        ("router-kv-events", "DYN_ROUTER_USE_KV_EVENTS"),
+        ("router-ttl-secs", "DYN_ROUTER_TTL_SECS"),
+        ("router-max-tree-size", "DYN_ROUTER_MAX_TREE_SIZE"),
+        ("router-prune-target-ratio", "DYN_ROUTER_PRUNE_TARGET_RATIO"),
+        (
+            "router-approximate-cache-policy",
+            "DYN_ROUTER_APPROXIMATE_CACHE_POLICY",
+        ),
+        ("router-predicted-ttl-secs", "DYN_ROUTER_PREDICTED_TTL_SECS"),
+        ("router-event-threads", "DYN_ROUTER_EVENT_THREADS"),
+        ("router-replica-sync", "DYN_ROUTER_REPLICA_SYNC"),
+        (
+            "router-track-active-blocks",
+            "DYN_ROUTER_TRACK_ACTIVE_BLOCKS",
+        ),
+        ("router-assume-kv-reuse", "DYN_ROUTER_ASSUME_KV_REUSE"),
+        (
+            "router-track-output-blocks",
+            "DYN_ROUTER_TRACK_OUTPUT_BLOCKS",
+        ),
+        (
+            "router-decode-active-request-weight",
+            "DYN_ROUTER_DECODE_ACTIVE_REQUEST_WEIGHT",
+        ),
+        (
+            "router-track-prefill-tokens",
+            "DYN_ROUTER_TRACK_PREFILL_TOKENS",
+        ),
+        ("router-queue-threshold", "DYN_ROUTER_QUEUE_THRESHOLD"),
+        ("router-queue-policy", "DYN_ROUTER_QUEUE_POLICY"),
+        (
+            "active-decode-blocks-threshold",
+            "DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD",
+        ),
+        (
+            "active-prefill-tokens-threshold",
+            "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD",
+        ),
+        (
+            "active-prefill-tokens-threshold-frac",
+            "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC",
+        ),
+        (
+            "router-active-request-expiry-secs",
+            "DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS",
+        ),
+        (
+            "router-overlap-refresh-after-secs",
+            "DYN_ROUTER_OVERLAP_REFRESH_AFTER_SECS",
+        ),
+        ("encoder-cuda-to-cpu-ratio", "DYN_ENCODER_CUDA_TO_CPU_RATIO"),
+    ];
+    let command = Cli::command();
+    for (long, env) in expected {
+        let arg = command
+            .get_arguments()
+            .find(|a| a.get_long() == Some(long))
+            .unwrap_or_else(|| panic!("--{long} missing"));
+        assert_eq!(
+            arg.get_env().and_then(|e| e.to_str()),
+            Some(env),
+            "--{long}"
+        );
+    }
+    kvmesh_runtime::config::check_unique_env(&command).unwrap();
+}
+
+#[test]
+fn booleans_are_strict_and_negatable() {
+    assert!(!parse(&["--no-router-kv-events"]).unwrap().kv.use_kv_events);
+    assert!(!parse(&["--router-kv-events=off"]).unwrap().kv.use_kv_events);
+    assert!(
+        parse(&["--router-track-output-blocks"])
+            .unwrap()
+            .kv
+            .track_output_blocks
+    );
+    assert!(
+        !parse(&["--no-router-track-prefill-tokens"])
+            .unwrap()
+            .kv
+            .track_prefill_tokens
+    );
+    assert!(parse(&["--router-replica-sync=YES"]).unwrap().replica_sync);
+    let e = error(&["--router-assume-kv-reuse=maybe"]);
+    assert!(e.contains("--router-assume-kv-reuse"), "{e}");
+}
+
+#[test]
+fn deprecated_aliases_work_and_warn() {
+    let config = parse(&[
+        "--no-kv-events",
+        "--router-ttl",
+        "7",
+        "--no-track-active-blocks",
+        "--no-assume-kv-reuse",
+        "--track-output-blocks",
+    ])
+    .unwrap();
+    assert!(!config.kv.use_kv_events);
+    assert_eq!(config.kv.ttl, Duration::from_secs(7));
+    assert!(!config.kv.track_active_blocks && !config.kv.assume_kv_reuse);
+    assert!(config.kv.track_output_blocks);
+    let cli = Cli::try_parse_from(["x", "--kv-overlap-score-weight", "2"]).unwrap();
+    let warnings =
+        cli.router
+            .deprecation_warnings(["x", "--kv-overlap-score-weight", "2", "--router-ttl=3"]);
+    assert_eq!(warnings.len(), 3, "{warnings:?}");
+}
+
+#[test]
+fn legacy_overlap_weight_maps_and_wins() {
+    let config = parse(&[
+        "--router-kv-overlap-score-weight",
+        "2",
+        "--router-prefill-load-scale",
+        "5",
+    ])
+    .unwrap();
+    assert_eq!(
+        (config.kv.prefill_load_scale, config.kv.overlap_score_credit),
+        (2.0, 1.0)
+    );
+    let config = parse(&["--kv-overlap-score-weight", "0"]).unwrap();
+    assert_eq!(
+        (config.kv.prefill_load_scale, config.kv.overlap_score_credit),
+        (0.0, 0.0)
+    );
+    let cli = Cli::try_parse_from(["x"]).unwrap();
+    let env = |name: &str| (name == LEGACY_OVERLAP_WEIGHT_ENV).then(|| "3".to_string());
+    assert_eq!(
+        cli.router
+            .to_config_with_env(env)
+            .unwrap()
+            .kv
+            .prefill_load_scale,
+        3.0
+    );
+    let bad = |name: &str| (name == LEGACY_OVERLAP_WEIGHT_ENV).then(|| "-1".to_string());
+    let e = cli.router.to_config_with_env(bad).unwrap_err().to_string();
+    assert!(e.contains("DYN_OVERLAP_SCORE_WEIGHT"), "{e}");
+}
+
+#[test]
+fn nullable_thresholds_accept_none() {
+    let config = parse(&[
+        "--active-decode-blocks-threshold",
+        "0.9",
+        "--active-prefill-tokens-threshold",
+        "None",
+        "--active-prefill-tokens-threshold-frac",
+        "1.5",
+    ])
+    .unwrap();
+    assert_eq!(config.busy.active_decode_blocks_threshold, Some(0.9));
+    assert_eq!(config.busy.active_prefill_tokens_threshold, None);
+    assert_eq!(config.busy.active_prefill_tokens_threshold_frac, Some(1.5));
+    assert!(
+        error(&["--active-decode-blocks-threshold", "1.5"])
+            .contains("--active-decode-blocks-threshold")
+    );
+    assert!(
+        error(&["--active-prefill-tokens-threshold", "-3"])
+            .contains("--active-prefill-tokens-threshold")
+    );
+}
+
+#[test]
+fn invalid_values_name_the_flag() {
+    for (args, flag) in [
+        (&["--router-temperature", "-1"][..], "--router-temperature"),
+        (
+            &["--router-kv-overlap-score-credit", "inf"][..],
+            "--router-kv-overlap-score-credit",
+        ),
+        (
+            &["--router-host-cache-hit-weight", "1.1"][..],
+            "--router-host-cache-hit-weight",
+        ),
+        (
+            &["--router-disk-cache-hit-weight", "-0.1"][..],
+            "--router-disk-cache-hit-weight",
+        ),
+        (
+            &["--router-prune-target-ratio", "0"][..],
+            "--router-prune-target-ratio",
+        ),
+        (
+            &["--router-max-tree-size", "0"][..],
+            "--router-max-tree-size",
+        ),
+        (&["--router-ttl-secs", "0"][..], "--router-ttl-secs"),
+        (
+            &["--router-event-threads", "0"][..],
+            "--router-event-threads",
+        ),
+        (
+            &["--router-session-affinity-ttl-secs", "0"][..],
+            "--router-session-affinity-ttl-secs",
+        ),
+        (
+            &["--router-queue-threshold", "-1"][..],
+            "--router-queue-threshold",
+        ),
+        (
+            &["--router-queue-policy", "lcfs"][..],
+            "--router-queue-policy",
+        ),
+        (&["--router-mode", "fastest"][..], "--router-mode"),
+        (
+            &["--router-predicted-ttl-secs", "5", "--no-router-kv-events"][..],
+            "--router-predicted-ttl-secs",
+        ),
+        (
+            &["--router-predicted-ttl-secs", "5", "--load-aware"][..],
+            "--router-predicted-ttl-secs",
+        ),
+    ] {
+        let e = error(args);
+        assert!(e.contains(flag), "{args:?}: {e}");
+    }
+}
+
+#[test]
+fn load_aware_resolves_through_the_flags() {
+    let config = parse(&["--load-aware", "--router-kv-overlap-score-credit", "0.5"]).unwrap();
+    assert_eq!(config.mode, RouterMode::Kv);
+    assert_eq!(config.kv.overlap_score_credit, 0.0);
+    assert!(!config.kv.use_kv_events && !config.kv.assume_kv_reuse);
+}
+
+#[test]
+fn env_only_options_convert() {
+    let config = parse(&[
+        "--router-active-request-expiry-secs",
+        "30",
+        "--router-overlap-refresh-after-secs",
+        "0",
+        "--encoder-cuda-to-cpu-ratio",
+        "2",
+    ])
+    .unwrap();
+    assert_eq!(config.kv.active_request_expiry, Duration::from_secs(30));
+    assert_eq!(config.kv.overlap_refresh_after, None);
+    assert_eq!(config.encoder_cuda_to_cpu_ratio, 2.0);
+}

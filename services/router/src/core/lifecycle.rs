@@ -1,0 +1,179 @@
+//! A routed request's life after the decision (first token, output, end, expiry) and the
+//! replica-sync events that mirror it (router.md §7, §11).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvmesh_kv::WorkerKey;
+
+use super::{EXPIRY_SWEEP_INTERVAL, RouterCore};
+use crate::request::{Dispatched, TerminalPath, Ticket};
+use crate::sync::{SyncEvent, SyncKind};
+use crate::tracker::{ActiveRequest, ReqKey, TrackAdd};
+
+impl RouterCore {
+    /// The first token of a request arrived: its prefill load is released.
+    pub fn mark_prefill_done(&mut self, request_id: &str, now: Duration) -> bool {
+        let key = self.key(request_id);
+        if !self.tracker.mark_prefill_done(&key) {
+            return false;
+        }
+        if let Some(request) = self.tracker.get(&key) {
+            let worker = request.worker;
+            self.emit(&key, worker, SyncKind::MarkPrefillCompleted);
+        }
+        self.drain_queue(now);
+        true
+    }
+
+    /// A request produced `num_tokens` more tokens (the first also marks prefill done); with
+    /// `--router-track-output-blocks` its tracked blocks grow.
+    pub fn add_output_tokens(&mut self, request_id: &str, num_tokens: u64, now: Duration) {
+        self.mark_prefill_done(request_id, now);
+        let key = self.key(request_id);
+        self.tracker.add_output_tokens(
+            &key,
+            num_tokens,
+            self.block_size,
+            self.config.kv.track_output_blocks,
+            &mut self.rng,
+        );
+    }
+
+    /// A routed request ended by `path`: everything it holds is released. Returns whether it was
+    /// still tracked (false after expiry, a departed worker, or a second call).
+    pub fn free(&mut self, request_id: &str, path: TerminalPath, now: Duration) -> bool {
+        let key = self.key(request_id);
+        let Some(request) = self.tracker.free(&key) else {
+            return false;
+        };
+        self.release_session(&key, &request, path, now);
+        self.emit(&key, request.worker, SyncKind::Free);
+        self.drain_queue(now);
+        true
+    }
+
+    /// Removes a parked request (its client went away). Returns whether it was still parked.
+    pub fn cancel_queued(&mut self, ticket: Ticket) -> bool {
+        self.queue.remove(ticket).is_some()
+    }
+
+    /// Moves time forward: expires stale requests and bindings when a sweep is due, and lets
+    /// parked requests go if capacity allows. Routing calls it too; a service also calls it
+    /// periodically so an idle router still expires.
+    pub fn tick(&mut self, now: Duration) {
+        if now >= self.next_sweep {
+            self.next_sweep = now + EXPIRY_SWEEP_INTERVAL;
+            let cutoff = now.saturating_sub(self.config.kv.active_request_expiry);
+            let expiry = self.config.kv.active_request_expiry;
+            if now >= expiry {
+                for (key, request) in self.tracker.expire(cutoff) {
+                    tracing::warn!(request_id = %key.1, worker_id = request.worker.worker_id, "freeing stale tracked request");
+                    self.release_session(&key, &request, TerminalPath::Expired, now);
+                    self.emit(&key, request.worker, SyncKind::Free);
+                }
+            }
+            self.sessions.sweep(now);
+        }
+        self.drain_queue(now);
+    }
+
+    /// Parked requests that left the queue since the last call (routed and tracked, or failed).
+    pub fn take_dispatched(&mut self) -> Vec<Dispatched> {
+        std::mem::take(&mut self.dispatched)
+    }
+
+    /// Tracker changes to publish to replicas since the last call (empty without replica sync).
+    pub fn take_sync_events(&mut self) -> Vec<SyncEvent> {
+        std::mem::take(&mut self.sync_out)
+    }
+
+    /// Applies a replica's tracker change (its own events and unknown workers are ignored).
+    pub fn apply_sync_event(&mut self, event: &SyncEvent, now: Duration) {
+        if event.router_id == *self.router_id {
+            return;
+        }
+        let known = self
+            .workers
+            .get(&event.worker.worker_id)
+            .is_some_and(|w| w.ranks().contains(&event.worker.dp_rank));
+        let key: ReqKey = (
+            Arc::from(event.router_id.as_str()),
+            event.request_id.clone(),
+        );
+        match &event.kind {
+            SyncKind::Add {
+                token_sequence_hashes,
+                track_prefill_tokens,
+                initial_prefill_tokens,
+                ..
+            } if known => {
+                let prefill = if *track_prefill_tokens {
+                    initial_prefill_tokens.unwrap_or(0)
+                } else {
+                    0
+                };
+                self.tracker.add(
+                    key,
+                    TrackAdd {
+                        worker: event.worker,
+                        hashes: token_sequence_hashes.clone(),
+                        prefill_tokens: prefill,
+                        isl: 0,
+                        osl: None,
+                        started_at: now,
+                        session: None,
+                    },
+                );
+            }
+            SyncKind::Add { .. } => {}
+            SyncKind::MarkPrefillCompleted => {
+                self.tracker.mark_prefill_done(&key);
+            }
+            SyncKind::Free => {
+                self.tracker.free(&key);
+            }
+            SyncKind::SessionBind { session_id } if known => {
+                if let Some(ttl) = self.config.session_affinity_ttl {
+                    let mode = self.config.session_affinity_mode;
+                    self.sessions
+                        .apply_remote(session_id, event.worker, mode, ttl, now);
+                }
+            }
+            SyncKind::SessionBind { .. } => {}
+        }
+        self.drain_queue(now);
+    }
+
+    pub(crate) fn emit(&mut self, key: &ReqKey, worker: WorkerKey, kind: SyncKind) {
+        if self.config.replica_sync && key.0 == self.router_id {
+            self.sync_out.push(SyncEvent {
+                router_id: self.router_id.to_string(),
+                request_id: key.1.clone(),
+                worker,
+                kind,
+            });
+        }
+    }
+
+    /// Releases a finished request's hold on its session; the binding is re-announced to
+    /// replicas so their idle timers restart too.
+    pub(crate) fn release_session(
+        &mut self,
+        key: &ReqKey,
+        request: &ActiveRequest,
+        path: TerminalPath,
+        now: Duration,
+    ) {
+        let Some(session) = &request.session else {
+            return;
+        };
+        self.sessions.release(session, now, path.drops_session());
+        if !path.drops_session() {
+            let kind = SyncKind::SessionBind {
+                session_id: session.clone(),
+            };
+            self.emit(key, request.worker, kind);
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! What a caller hands the router for one request and what it gets back.
+
+use std::time::Duration;
+
+/// Per-request changes to the cost model (`router_config_override` of the router API and EPP,
+/// router.md §4). Unset fields keep the router's value.
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize, serde::Deserialize)]
+pub struct RouterConfigOverride {
+    /// Replaces `--router-kv-overlap-score-credit`.
+    pub overlap_score_credit: Option<f64>,
+    /// Replaces `--router-prefill-load-scale`.
+    pub prefill_load_scale: Option<f64>,
+    /// Replaces `--router-temperature`.
+    pub router_temperature: Option<f64>,
+    /// Shared-cache credit (`later`: accepted, no effect until a shared cache exists).
+    pub shared_cache_multiplier: Option<f64>,
+    /// Replaces `--router-assume-kv-reuse`.
+    pub assume_kv_reuse: Option<bool>,
+    /// Replaces `--router-track-prefill-tokens`.
+    pub track_prefill_tokens: Option<bool>,
+    /// Legacy weight, mapped as the deprecated flag is (wins over credit and scale).
+    pub overlap_score_weight: Option<f64>,
+}
+
+/// Pins, priorities and hints that travel with a request (nvext, headers, routing hints).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RoutingHints {
+    /// Worker the request must go to (direct mode; a restriction in other modes).
+    pub backend_instance_id: Option<u64>,
+    /// Data-parallel rank the request must go to.
+    pub dp_rank: Option<u32>,
+    /// Only these workers may be chosen (`allowed_worker_ids`).
+    pub allowed_worker_ids: Option<Vec<u64>>,
+    /// Queue priority, higher first (negative counts as 0).
+    pub priority: i32,
+    /// Strict priority class: a higher class always leaves the queue first.
+    pub strict_priority: u32,
+    /// Expected output length (`agent_hints.osl`): decays this request's exclusive blocks.
+    pub expected_output_tokens: Option<u32>,
+    /// `X-Dynamo-Session-ID`.
+    pub session_id: Option<String>,
+    /// `nvext.session_control` `bind` timeout: session stickiness for this request even when
+    /// `--router-session-affinity-ttl-secs` is unset, with this idle TTL.
+    pub session_bind_ttl: Option<Duration>,
+    /// Per-request cost-model override.
+    pub config_override: Option<RouterConfigOverride>,
+}
+
+/// One request to route.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouteRequest<'a> {
+    /// Unique among the requests this router tracks (the tracker and sync events key on it).
+    pub request_id: String,
+    /// Prompt token ids (for migration: prompt plus the tokens already generated).
+    pub token_ids: &'a [u32],
+    /// LoRA adapter; part of the block-hash seed.
+    pub lora_name: Option<&'a str>,
+    /// Cache salt (`cache_salt` / `x-tenant-id`); part of the block-hash seed.
+    pub cache_salt: Option<&'a str>,
+    /// Pins, priorities, session.
+    pub hints: RoutingHints,
+}
+
+impl<'a> RouteRequest<'a> {
+    /// A request without hints.
+    pub fn new(request_id: impl Into<String>, token_ids: &'a [u32]) -> Self {
+        Self {
+            request_id: request_id.into(),
+            token_ids,
+            lora_name: None,
+            cache_salt: None,
+            hints: RoutingHints::default(),
+        }
+    }
+
+    /// Sets the hints.
+    pub fn with_hints(mut self, hints: RoutingHints) -> Self {
+        self.hints = hints;
+        self
+    }
+}
+
+/// Where a request goes (router.md §3 step 6).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// The request.
+    pub request_id: String,
+    /// Chosen worker.
+    pub worker_id: u64,
+    /// Chosen rank: always set in `kv` mode, the pin's otherwise (the engine picks when unset).
+    pub dp_rank: Option<u32>,
+    /// Prompt blocks the chosen rank is expected to hold (device tier).
+    pub overlap_blocks: u32,
+    /// `overlap_blocks · block_size`.
+    pub cached_tokens: u64,
+    /// `ceil(ISL / block_size)`.
+    pub required_blocks: u64,
+}
+
+/// Identifies a parked request until it leaves the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Ticket(pub u64);
+
+/// Result of routing one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteOutcome {
+    /// Routed now; the request is tracked until it is freed.
+    Routed(Decision),
+    /// Parked (router.md §9); its decision arrives later through
+    /// [`crate::RouterCore::take_dispatched`].
+    Queued(Ticket),
+}
+
+/// A parked request that left the queue: routed (and tracked) or failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dispatched {
+    /// Ticket returned when it parked.
+    pub ticket: Ticket,
+    /// The request.
+    pub request_id: String,
+    /// Its decision, or why it could not be routed after all.
+    pub result: Result<Decision, crate::RouteError>,
+}
+
+/// How a routed request ended. Every path frees the request's tracked load; they differ only in
+/// what happens to its session binding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TerminalPath {
+    /// The stream finished normally.
+    Completed,
+    /// The worker or the dispatch failed (the session binding is dropped).
+    Error,
+    /// The request was cancelled (by the client API or a stop).
+    Cancelled,
+    /// The client went away mid-stream (also what a dropped guard reports).
+    Disconnected,
+    /// The worker failed and the request continues elsewhere (the binding is dropped).
+    Migrated,
+    /// The tracker presumed the request lost after `DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS`.
+    Expired,
+}
+
+impl TerminalPath {
+    /// Every path a caller can report.
+    pub const ALL: [TerminalPath; 5] = [
+        TerminalPath::Completed,
+        TerminalPath::Error,
+        TerminalPath::Cancelled,
+        TerminalPath::Disconnected,
+        TerminalPath::Migrated,
+    ];
+
+    /// Whether the request's session binding is dropped (a non-cancellation failure of its
+    /// worker, router.md §10) rather than left to its idle timer.
+    pub fn drops_session(self) -> bool {
+        matches!(self, TerminalPath::Error | TerminalPath::Migrated)
+    }
+}

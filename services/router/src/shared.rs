@@ -1,0 +1,433 @@
+//! The routing core for concurrent callers: a lock, a clock, async waiting for queued requests,
+//! and a guard that releases a request's load on every terminal path.
+//!
+//! Hashing and the event-fed index query run before the lock is taken; only filtering, scoring,
+//! selection and tracking run under it. A [`RouteGuard`] frees its request when it is finished
+//! explicitly ([`RouteGuard::finish`]) or simply dropped — a client disconnect that drops the
+//! response stream, a panic unwinding through the handler, an early `?` — so no path can leave
+//! load behind. Values that may hold guards are never dropped while the lock is held.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use kvmesh_kv::OverlapScores;
+use tokio::sync::oneshot;
+
+use crate::config::{BusyThresholds, KvRouterConfig, RouterMode};
+use crate::core::{PreparedRequest, RouterCore};
+use crate::cost::EffectiveKv;
+use crate::error::RouteError;
+use crate::overlap::OverlapSource;
+use crate::request::{Decision, RouteOutcome, RouteRequest, TerminalPath, Ticket};
+use crate::sync::SyncEvent;
+use crate::worker::{WorkerInfo, WorkerLoad};
+
+/// Where the router's `now` comes from.
+pub trait Clock: Send + Sync + 'static {
+    /// Time since the clock's origin; never decreases.
+    fn now(&self) -> Duration;
+}
+
+/// Real monotonic time since the clock was made (the router's start).
+#[derive(Debug, Clone, Copy)]
+pub struct MonotonicClock {
+    origin: Instant,
+}
+
+impl MonotonicClock {
+    /// A clock starting now.
+    pub fn new() -> Self {
+        Self {
+            origin: Instant::now(),
+        }
+    }
+}
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for MonotonicClock {
+    fn now(&self) -> Duration {
+        self.origin.elapsed()
+    }
+}
+
+/// A clock moved by hand (tests, and a simulator that wants the shared wrapper).
+#[derive(Debug, Default)]
+pub struct ManualClock {
+    nanos: AtomicU64,
+}
+
+impl ManualClock {
+    /// A clock at `start`.
+    pub fn new(start: Duration) -> Self {
+        Self {
+            nanos: AtomicU64::new(start.as_nanos() as u64),
+        }
+    }
+
+    /// Moves the clock forward by `by`.
+    pub fn advance(&self, by: Duration) {
+        self.nanos.fetch_add(by.as_nanos() as u64, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Duration {
+        Duration::from_nanos(self.nanos.load(Ordering::SeqCst))
+    }
+}
+
+type Waiter = oneshot::Sender<Result<RouteGuard, RouteError>>;
+
+struct State {
+    core: RouterCore,
+    waiters: HashMap<Ticket, Waiter>,
+}
+
+struct Inner {
+    state: Mutex<State>,
+    clock: Arc<dyn Clock>,
+    model: String,
+    mode: RouterMode,
+    block_size: u32,
+    kv: KvRouterConfig,
+    source: Option<Arc<dyn OverlapSource>>,
+}
+
+/// A [`RouterCore`] shared by concurrent requests (see the module docs). Cloning is cheap.
+#[derive(Clone)]
+pub struct SharedRouter {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for SharedRouter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedRouter")
+            .field("model", &self.inner.model)
+            .field("mode", &self.inner.mode)
+            .finish()
+    }
+}
+
+/// A routed request or a place in the queue.
+#[derive(Debug)]
+pub enum Admission {
+    /// Routed now.
+    Routed(RouteGuard),
+    /// Parked; await it for the decision.
+    Queued(QueuedRoute),
+}
+
+impl SharedRouter {
+    /// Shares `core`, reading time from `clock`.
+    pub fn new(core: RouterCore, clock: Arc<dyn Clock>) -> Self {
+        let config = core.config().clone();
+        let inner = Inner {
+            model: core.model().to_string(),
+            mode: config.mode,
+            block_size: core.block_size(),
+            kv: config.kv,
+            source: core.overlap_source().cloned(),
+            clock,
+            state: Mutex::new(State {
+                core,
+                waiters: HashMap::new(),
+            }),
+        };
+        Self {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// The router's current time.
+    pub fn now(&self) -> Duration {
+        self.inner.clock.now()
+    }
+
+    /// Routes a request, waiting in the queue if it parks. Dropping the future while it waits
+    /// removes the request from the queue.
+    pub async fn route(&self, request: &RouteRequest<'_>) -> Result<RouteGuard, RouteError> {
+        match self.try_route(request)? {
+            Admission::Routed(guard) => Ok(guard),
+            Admission::Queued(queued) => queued.await,
+        }
+    }
+
+    /// Routes a request without waiting: a guard, or a queue place to await.
+    pub fn try_route(&self, request: &RouteRequest<'_>) -> Result<Admission, RouteError> {
+        let inner = &self.inner;
+        let prepared =
+            PreparedRequest::new(request, inner.block_size, inner.mode == RouterMode::Kv);
+        let primary = self.query_primary(&prepared);
+        let (result, undelivered) =
+            self.locked(
+                |state, now| match state.core.route_prepared(prepared, primary, now)? {
+                    RouteOutcome::Routed(decision) => Ok(Admission::Routed(self.guard(decision))),
+                    RouteOutcome::Queued(ticket) => {
+                        let (tx, rx) = oneshot::channel();
+                        state.waiters.insert(ticket, tx);
+                        Ok(Admission::Queued(QueuedRoute {
+                            router: self.clone(),
+                            ticket,
+                            rx,
+                            is_done: false,
+                        }))
+                    }
+                },
+            );
+        drop(undelivered);
+        result
+    }
+
+    /// Runs `f` on the core at the current time, then hands out any requests that left the
+    /// queue. For discovery, load and sync updates and for introspection.
+    pub fn with_core<R>(&self, f: impl FnOnce(&mut RouterCore, Duration) -> R) -> R {
+        let (result, undelivered) = self.locked(|state, now| f(&mut state.core, now));
+        drop(undelivered);
+        result
+    }
+
+    /// Adds or replaces a discovered worker.
+    pub fn upsert_worker(&self, info: WorkerInfo) {
+        self.with_core(|core, now| core.upsert_worker(info, now));
+    }
+
+    /// Forgets a worker that left discovery.
+    pub fn remove_worker(&self, worker_id: u64) {
+        self.with_core(|core, now| core.remove_worker(worker_id, now));
+    }
+
+    /// Records load a rank published.
+    pub fn update_load(&self, load: WorkerLoad) {
+        self.with_core(|core, now| core.update_load(load, now));
+    }
+
+    /// Applies a replica's tracker change.
+    pub fn apply_sync_event(&self, event: &SyncEvent) {
+        self.with_core(|core, now| core.apply_sync_event(event, now));
+    }
+
+    /// Tracker changes to publish since the last call.
+    pub fn take_sync_events(&self) -> Vec<SyncEvent> {
+        self.with_core(|core, _| core.take_sync_events())
+    }
+
+    /// The busy thresholds in force (`GET /busy_threshold`).
+    pub fn busy_thresholds(&self) -> BusyThresholds {
+        self.with_core(|core, _| core.busy_thresholds())
+    }
+
+    /// Replaces the busy thresholds (`POST /busy_threshold`).
+    pub fn set_busy_thresholds(&self, thresholds: BusyThresholds) {
+        self.with_core(|core, _| core.set_busy_thresholds(thresholds));
+    }
+
+    /// Expires stale requests and releases parked ones; call periodically (every few seconds).
+    pub fn tick(&self) {
+        self.with_core(|core, now| core.tick(now));
+    }
+
+    /// Whether the router has its minimum of workers.
+    pub fn is_ready(&self) -> bool {
+        self.with_core(|core, _| core.is_ready())
+    }
+
+    /// Parked requests.
+    pub fn queue_len(&self) -> usize {
+        self.with_core(|core, _| core.queue_len())
+    }
+
+    /// Marks a request's first token, for callers that track a request by id (gRPC `Route`
+    /// callers reporting its life) rather than through a guard.
+    pub fn mark_prefill_done(&self, request_id: &str) {
+        self.with_core(|core, now| core.mark_prefill_done(request_id, now));
+    }
+
+    /// Adds generated tokens of a request tracked by id.
+    pub fn add_output_tokens(&self, request_id: &str, num_tokens: u64) {
+        self.with_core(|core, now| core.add_output_tokens(request_id, num_tokens, now));
+    }
+
+    /// Frees a request tracked by id. Returns whether it was still tracked.
+    pub fn free(&self, request_id: &str, path: TerminalPath) -> bool {
+        self.with_core(|core, now| core.free(request_id, path, now))
+    }
+
+    fn guard(&self, decision: Decision) -> RouteGuard {
+        RouteGuard {
+            router: self.clone(),
+            decision,
+            is_armed: true,
+        }
+    }
+
+    fn query_primary(&self, prepared: &PreparedRequest) -> Option<OverlapScores> {
+        let inner = &self.inner;
+        let source = inner.source.as_ref()?;
+        if inner.mode != RouterMode::Kv
+            || !inner.kv.use_kv_events
+            || prepared.local_hashes.is_empty()
+        {
+            return None;
+        }
+        let eff = EffectiveKv::new(&inner.kv, prepared.hints.config_override.as_ref());
+        eff.queries_index()
+            .then(|| source.find_matches(&inner.model, &prepared.local_hashes))
+    }
+
+    /// Runs `f` under the lock, then delivers dispatched requests to their waiters. Guards that
+    /// could not be delivered (the waiter left) are returned so the caller drops them after the
+    /// lock is released, which frees them.
+    fn locked<R>(&self, f: impl FnOnce(&mut State, Duration) -> R) -> (R, Vec<RouteGuard>) {
+        let mut state = self.lock();
+        let now = self.inner.clock.now();
+        let result = f(&mut state, now);
+        let mut undelivered = Vec::new();
+        for dispatched in state.core.take_dispatched() {
+            let waiter = state.waiters.remove(&dispatched.ticket);
+            let value = dispatched.result.map(|decision| self.guard(decision));
+            match waiter {
+                Some(tx) => {
+                    if let Err(Ok(guard)) = tx.send(value) {
+                        undelivered.push(guard);
+                    }
+                }
+                None => undelivered.extend(value.ok()),
+            }
+        }
+        drop(state);
+        (result, undelivered)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn release(&self, request_id: &str, path: TerminalPath) {
+        self.free(request_id, path);
+    }
+
+    fn cancel(&self, ticket: Ticket) {
+        let mut state = self.lock();
+        state.core.cancel_queued(ticket);
+        let waiter = state.waiters.remove(&ticket);
+        drop(state);
+        drop(waiter);
+    }
+}
+
+/// A routed request's hold on its worker's load: released exactly once, by [`Self::finish`] or
+/// on drop (reported as a client disconnect).
+#[derive(Debug)]
+pub struct RouteGuard {
+    router: SharedRouter,
+    decision: Decision,
+    is_armed: bool,
+}
+
+impl RouteGuard {
+    /// Where the request goes.
+    pub fn decision(&self) -> &Decision {
+        &self.decision
+    }
+
+    /// The first token arrived: prefill load is released.
+    pub fn first_token(&self) {
+        self.router.mark_prefill_done(&self.decision.request_id);
+    }
+
+    /// More tokens were generated (the first call also marks the first token).
+    pub fn add_output_tokens(&self, num_tokens: u64) {
+        self.router
+            .add_output_tokens(&self.decision.request_id, num_tokens);
+    }
+
+    /// Ends the request by `path`, releasing its load.
+    pub fn finish(mut self, path: TerminalPath) {
+        self.is_armed = false;
+        self.router.release(&self.decision.request_id, path);
+    }
+
+    /// Disarms the guard and returns the decision: the caller takes over releasing the request
+    /// through [`SharedRouter::free`] (the gRPC `Route` flow, where the request's life is reported
+    /// in later calls).
+    pub fn detach(mut self) -> Decision {
+        self.is_armed = false;
+        std::mem::replace(
+            &mut self.decision,
+            Decision {
+                request_id: String::new(),
+                worker_id: 0,
+                dp_rank: None,
+                overlap_blocks: 0,
+                cached_tokens: 0,
+                required_blocks: 0,
+            },
+        )
+    }
+}
+
+impl Drop for RouteGuard {
+    fn drop(&mut self) {
+        if self.is_armed {
+            self.is_armed = false;
+            self.router
+                .release(&self.decision.request_id, TerminalPath::Disconnected);
+        }
+    }
+}
+
+/// A parked request; resolves to its guard when it leaves the queue. Dropping it first removes
+/// the request from the queue (client disconnect).
+#[derive(Debug)]
+pub struct QueuedRoute {
+    router: SharedRouter,
+    ticket: Ticket,
+    rx: oneshot::Receiver<Result<RouteGuard, RouteError>>,
+    is_done: bool,
+}
+
+impl QueuedRoute {
+    /// The queue ticket.
+    pub fn ticket(&self) -> Ticket {
+        self.ticket
+    }
+}
+
+impl Future for QueuedRoute {
+    type Output = Result<RouteGuard, RouteError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match Pin::new(&mut self.rx).poll(cx) {
+            Poll::Ready(result) => {
+                self.is_done = true;
+                Poll::Ready(result.unwrap_or(Err(RouteError::Cancelled)))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for QueuedRoute {
+    fn drop(&mut self) {
+        if !self.is_done {
+            self.router.cancel(self.ticket);
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "shared_tests.rs"]
+mod tests;

@@ -1,0 +1,133 @@
+//! The shared router: guards release on every path, queued requests resolve or cancel.
+
+use super::*;
+use crate::config::RouterConfig;
+use crate::worker::RuntimeConfig;
+
+fn shared(queue: bool) -> (SharedRouter, Arc<ManualClock>) {
+    let mut config = RouterConfig::with_mode(RouterMode::Kv);
+    if queue {
+        config.queue_threshold = Some(0.5);
+    }
+    let mut core = RouterCore::new(config, "m", 4, 3).unwrap();
+    core.upsert_worker(
+        WorkerInfo::new(1).with_runtime(RuntimeConfig {
+            max_num_batched_tokens: Some(100),
+            ..RuntimeConfig::default()
+        }),
+        Duration::ZERO,
+    );
+    let clock = Arc::new(ManualClock::new(Duration::ZERO));
+    (SharedRouter::new(core, clock.clone()), clock)
+}
+
+fn load(router: &SharedRouter) -> (usize, u32) {
+    router.with_core(|core, _| (core.num_tracked(), core.inflight(1)))
+}
+
+#[tokio::test]
+async fn every_guard_path_releases_load() {
+    let (router, _) = shared(false);
+    let tokens: Vec<u32> = (0..80).collect();
+    for path in TerminalPath::ALL {
+        let guard = router
+            .route(&RouteRequest::new("a", &tokens))
+            .await
+            .unwrap();
+        guard.first_token();
+        guard.add_output_tokens(3);
+        assert_eq!(load(&router), (1, 1));
+        guard.finish(path);
+        assert_eq!(load(&router), (0, 0), "{path:?}");
+    }
+    // Dropped without finishing (client disconnect, panic, early return).
+    let guard = router
+        .route(&RouteRequest::new("b", &tokens))
+        .await
+        .unwrap();
+    drop(guard);
+    assert_eq!(load(&router), (0, 0));
+    // Detached: the caller releases by id.
+    let decision = router
+        .route(&RouteRequest::new("c", &tokens))
+        .await
+        .unwrap()
+        .detach();
+    assert_eq!(decision.request_id, "c");
+    assert_eq!(load(&router), (1, 1));
+    assert!(router.free("c", TerminalPath::Completed));
+    assert_eq!(load(&router), (0, 0));
+}
+
+#[tokio::test]
+async fn queued_requests_resolve_when_capacity_frees() {
+    let (router, _) = shared(true);
+    let tokens: Vec<u32> = (0..80).collect();
+    let first = router
+        .route(&RouteRequest::new("a", &tokens))
+        .await
+        .unwrap();
+    let Admission::Queued(queued) = router.try_route(&RouteRequest::new("b", &tokens)).unwrap()
+    else {
+        panic!("expected the second request to park");
+    };
+    assert_eq!(router.queue_len(), 1);
+    first.first_token(); // prefill done: capacity frees and "b" leaves the queue
+    let second = queued.await.unwrap();
+    assert_eq!(second.decision().request_id, "b");
+    assert_eq!(router.queue_len(), 0);
+    drop(first);
+    drop(second);
+    assert_eq!(load(&router), (0, 0));
+}
+
+#[tokio::test]
+async fn dropping_a_queued_request_removes_it_or_frees_it() {
+    let (router, _) = shared(true);
+    let tokens: Vec<u32> = (0..80).collect();
+    let first = router
+        .route(&RouteRequest::new("a", &tokens))
+        .await
+        .unwrap();
+    let Admission::Queued(queued) = router.try_route(&RouteRequest::new("b", &tokens)).unwrap()
+    else {
+        panic!("expected to park");
+    };
+    drop(queued); // client disconnect while parked
+    assert_eq!(router.queue_len(), 0);
+    // Parked, dispatched, but never received: the undelivered guard frees itself.
+    let Admission::Queued(queued) = router.try_route(&RouteRequest::new("c", &tokens)).unwrap()
+    else {
+        panic!("expected to park");
+    };
+    first.first_token();
+    assert_eq!(load(&router), (2, 2), "c dispatched and tracked");
+    drop(queued);
+    drop(first);
+    assert_eq!(load(&router), (0, 0));
+}
+
+#[tokio::test]
+async fn the_clock_drives_expiry() {
+    let (router, clock) = shared(false);
+    let tokens: Vec<u32> = (0..8).collect();
+    let guard = router
+        .route(&RouteRequest::new("a", &tokens))
+        .await
+        .unwrap();
+    clock.advance(Duration::from_secs(400));
+    router.tick();
+    assert_eq!(load(&router), (0, 0));
+    guard.finish(TerminalPath::Completed); // a late release is harmless
+    assert_eq!(load(&router), (0, 0));
+}
+
+#[test]
+fn handles_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<SharedRouter>();
+    send::<RouteGuard>();
+    send::<QueuedRoute>();
+    send::<RouterCore>();
+}
