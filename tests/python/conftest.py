@@ -101,6 +101,29 @@ class Mesh:
             p.kill()
 
 
+_STUBS = {}
+
+
+def proto_stubs():
+    """Python stubs for kvmesh's contracts, generated with grpcio-tools' bundled protoc."""
+    if not _STUBS:
+        import sys
+        from grpc_tools import protoc
+        import grpc_tools
+        out_dir = Path(tempfile.mkdtemp())
+        include = str(Path(grpc_tools.__file__).parent / "_proto")
+        protos = ["events", "llm", "worker", "indexer"]
+        rc = protoc.main(["protoc", f"-I{ROOT / 'proto'}", f"-I{include}", f"--python_out={out_dir}",
+                          f"--grpc_python_out={out_dir}", *[f"kvmesh/v1/{p}.proto" for p in protos]])
+        assert rc == 0
+        sys.path.insert(0, str(out_dir))
+        import importlib
+        for p in protos:
+            _STUBS[f"{p}_pb2"] = importlib.import_module(f"kvmesh.v1.{p}_pb2")
+            _STUBS[f"{p}_pb2_grpc"] = importlib.import_module(f"kvmesh.v1.{p}_pb2_grpc")
+    return _STUBS
+
+
 def require_env(name):
     value = os.environ.get(name)
     if not value:
@@ -111,10 +134,12 @@ def require_env(name):
 @pytest.fixture(scope="module")
 def kvmesh_up():
     port = free_port()
+    rpc_port = free_port()
     proc = Proc("up", ["kvmesh", "up", "--http-host", "127.0.0.1", "--http-port", str(port), "--num-workers", "2",
-                       "--speedup-ratio", "100"], {"DYN_HTTP_BODY_LIMIT_MB": "1"})
+                       "--speedup-ratio", "100", "--tcp-rpc-port", str(rpc_port)], {"DYN_HTTP_BODY_LIMIT_MB": "1"})
     base = f"http://127.0.0.1:{port}"
     mesh = Mesh(base, [proc])
+    mesh.indexer_rpc = f"127.0.0.1:{rpc_port}"
     try:
         wait_ready(base, "tiny", 2, [proc])
         yield mesh

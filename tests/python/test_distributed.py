@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from conftest import ROOT, start_distributed, wait_until
+from conftest import ROOT, proto_stubs, start_distributed, wait_until
 
 
 def exercise_sdk(mesh):
@@ -76,24 +76,8 @@ def test_etcd_nats_mesh_serves_the_sdk(etcd_mesh):
     exercise_sdk(etcd_mesh)
 
 
-_COMPILED = {}
-
-
 def compile_protos():
-    """Python stubs for the contracts, generated with grpcio-tools' bundled protoc."""
-    if not _COMPILED:
-        from grpc_tools import protoc
-        import grpc_tools
-        out_dir = Path(tempfile.mkdtemp())
-        include = str(Path(grpc_tools.__file__).parent / "_proto")
-        rc = protoc.main(["protoc", f"-I{ROOT / 'proto'}", f"-I{include}", f"--python_out={out_dir}",
-                          f"--grpc_python_out={out_dir}", "kvmesh/v1/events.proto", "kvmesh/v1/llm.proto",
-                          "kvmesh/v1/worker.proto"])
-        assert rc == 0
-        sys.path.insert(0, str(out_dir))
-        from kvmesh.v1 import events_pb2, worker_pb2, worker_pb2_grpc
-        _COMPILED.update(events_pb2=events_pb2, worker_pb2=worker_pb2, worker_pb2_grpc=worker_pb2_grpc)
-    return _COMPILED
+    return proto_stubs()
 
 
 def worker_load(address):
@@ -104,7 +88,16 @@ def worker_load(address):
         return stub.GetLoad(stubs["worker_pb2"].GetLoadRequest(), timeout=5).ranks[0]
 
 
-def test_client_disconnect_cancels_on_the_worker(etcd_mesh):
+@pytest.fixture
+def slow_decode_mesh():
+    # Decoding 100x slower than real time, so a long request is still running when checked.
+    mesh = start_distributed("etcd", mocker_args=("--decode-speedup-ratio", "0.01"))
+    yield mesh
+    mesh.stop()
+
+
+def test_client_disconnect_cancels_on_the_worker(slow_decode_mesh):
+    etcd_mesh = slow_decode_mesh
     with requests.post(f"{etcd_mesh.base_url}/v1/chat/completions", stream=True, timeout=30, json={
             "model": "tiny", "messages": [{"role": "user", "content": "a long answer please"}],
             "max_tokens": 7000, "stream": True}) as r:

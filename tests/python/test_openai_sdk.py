@@ -169,3 +169,27 @@ def test_client_disconnect_cancels(kvmesh_up):
     from conftest import wait_until
     wait_until(lambda: metric("dynamo_frontend_disconnected_clients") >= 1, timeout=10, what="disconnect counted")
     wait_until(lambda: metric("dynamo_frontend_inflight_requests") == 0, timeout=10, what="inflight back to 0")
+
+
+def test_embedded_indexer_sees_the_workers_blocks(kvmesh_up):
+    import grpc
+    from conftest import proto_stubs, wait_until
+    stubs = proto_stubs()
+    prompt = [(i * 37) % 2900 + 7 for i in range(200)]  # three full 64-token blocks
+    r = requests.post(f"{kvmesh_up.base_url}/v1/completions", json={
+        "model": "tiny", "prompt": prompt, "max_tokens": 2, "nvext": {"extra_fields": ["worker_id"]}})
+    assert r.status_code == 200, r.text
+    worker = r.json()["nvext"]["worker_id"]["decode_worker_id"]
+
+    def answer():
+        with grpc.insecure_channel(kvmesh_up.indexer_rpc) as channel:
+            stub = stubs["indexer_pb2_grpc"].IndexerStub(channel)
+            return stub.FindMatches(stubs["indexer_pb2"].FindMatchesRequest(model="tiny", token_ids=prompt),
+                                    timeout=5)
+
+    scores = wait_until(lambda: answer().scores or None, timeout=10, what="indexed blocks")
+    assert [(s.worker_id, s.device_blocks) for s in scores] == [(worker, 3)]
+    with grpc.insecure_channel(kvmesh_up.indexer_rpc) as channel:
+        status = stubs["indexer_pb2_grpc"].IndexerStub(channel).Status(stubs["indexer_pb2"].StatusRequest(), timeout=5)
+    assert status.state == stubs["indexer_pb2"].INDEXER_STATE_SERVING
+    assert status.models[0].model == "tiny" and status.models[0].blocks >= 3

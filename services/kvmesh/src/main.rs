@@ -1,5 +1,7 @@
 //! `kvmesh`: the command-line entry point. `kvmesh up` runs the whole mesh in one process.
 
+mod bench;
+mod bench_service;
 mod tiny_model;
 mod up;
 
@@ -17,6 +19,9 @@ struct Cli {
 enum Command {
     /// Run the frontend and mock workers in one process, with in-memory discovery and events.
     Up(Box<up::UpOpts>),
+    /// Benchmarks of the mesh's cores.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
 }
 
 #[tokio::main]
@@ -24,5 +29,6 @@ async fn main() -> anyhow::Result<()> {
     let cli = up::parse_cli::<Cli>();
     match cli.command {
         Command::Up(opts) => up::run(*opts).await,
+        Command::Bench(command) => bench::run(command).await,
     }
 }

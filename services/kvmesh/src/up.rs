@@ -4,6 +4,7 @@
 use clap::Args;
 use kvmesh_frontend::FrontendOpts;
 use kvmesh_frontend::opts::FrontendArgs;
+use kvmesh_indexer::IndexerOpts;
 use kvmesh_mocker::MockerOpts;
 use kvmesh_mocker::opts::{EndpointPath, EngineArgs};
 use kvmesh_runtime::config::{DiscoveryBackend, RuntimeOpts};
@@ -105,6 +106,23 @@ pub async fn run(opts: UpOpts) -> anyhow::Result<()> {
         frontend: frontend_args,
     };
 
+    // One in-process indexer shard owning every partition, fed by the in-process event plane;
+    // it serves `kvmesh.v1.Indexer` on --tcp-rpc-host/--tcp-rpc-port.
+    let indexer = IndexerOpts {
+        runtime: opts.runtime.clone(),
+        namespace: mocker.endpoint.namespace.clone(),
+        shard: 0,
+        shards: 1,
+        partitions: Vec::new(),
+        event_threads: 2,
+        metrics_port: None,
+        sweep_secs: 60,
+    };
+    let indexer_task = tokio::spawn(kvmesh_indexer::run(
+        indexer,
+        Some(embedded.clone()),
+        shutdown.child_token(),
+    ));
     // The workers stop only after the frontend has drained its in-flight requests.
     let workers_shutdown = tokio_util::sync::CancellationToken::new();
     let mut mocker_task = tokio::spawn(kvmesh_mocker::run(
@@ -130,6 +148,12 @@ pub async fn run(opts: UpOpts) -> anyhow::Result<()> {
     };
     workers_shutdown.cancel();
     let mocker_result = mocker_task.await;
+    shutdown.cancel();
+    match indexer_task.await {
+        Ok(Err(error)) => tracing::warn!(%error, "embedded indexer stopped with an error"),
+        Err(error) => tracing::warn!(%error, "embedded indexer task failed"),
+        Ok(Ok(())) => {}
+    }
     frontend_result?;
     match mocker_result {
         Ok(result) => result,
