@@ -165,8 +165,17 @@ fn apply(state: &ShardState, namespace: &str, message: StreamMessage, metrics: &
     state.set_applied_seq(seq);
 }
 
+/// Queues a batch on its lane. `apply` blocks while the lane's queue is full (back-pressure on the
+/// stream), so on a multi-threaded runtime the wait is moved off the async worker.
 fn apply_batch(index: &kvmesh_kv::ConcurrentIndex, batch: KvEventBatch) {
-    if let Err(error) = index.apply(batch) {
+    let multi_thread = tokio::runtime::Handle::try_current()
+        .is_ok_and(|handle| handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    let result = if multi_thread {
+        tokio::task::block_in_place(|| index.apply(batch))
+    } else {
+        index.apply(batch)
+    };
+    if let Err(error) = result {
         tracing::error!(%error, "kv index lane stopped");
     }
 }
