@@ -27,8 +27,10 @@ def test_invalid_values_stop_startup_naming_the_flag():
     assert r.returncode == 2 and "--http-port" in r.stderr
     r = run_bin(["kvmesh-frontend", "--request-plane", "nats"])
     assert r.returncode == 2 and "--request-plane" in r.stderr
-    r = run_bin(["kvmesh", "up", "--router-mode", "kv"])
+    r = run_bin(["kvmesh", "up", "--router-mode", "nope"])
     assert r.returncode == 2 and "--router-mode" in r.stderr
+    r = run_bin(["kvmesh-frontend", "--router-temperature", "-1"])
+    assert r.returncode == 2 and "--router-temperature" in r.stderr
     r = run_bin(["kvmesh-mocker", "--model-path", "x", "--speedup-ratio", "-1"])
     assert r.returncode == 2 and "--speedup-ratio" in r.stderr
     r = run_bin(["kvmesh-frontend", "--no-such-flag"])

@@ -2,6 +2,7 @@
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use kvmesh_router::RouteError;
 use kvmesh_runtime::ErrorCode;
 
 /// Everything that can go wrong while serving one request.
@@ -47,6 +48,9 @@ pub enum FrontendError {
         /// The worker's message.
         message: String,
     },
+    /// The router could not place the request (no worker, all busy, bad routing header).
+    #[error("{0}")]
+    Route(#[from] kvmesh_router::RouteError),
     /// Anything unclassified; the message is logged, not sent.
     #[error("internal error")]
     Internal(String),
@@ -71,6 +75,12 @@ impl FrontendError {
             Self::Timeout(_) => ErrorCode::Timeout,
             Self::NotImplemented(_) => ErrorCode::NotImplemented,
             Self::Worker { code, .. } => *code,
+            Self::Route(error) => match error {
+                RouteError::NoEndpoint | RouteError::NotReady => ErrorCode::Unavailable,
+                RouteError::Overloaded => ErrorCode::Overloaded,
+                RouteError::BadRequest(_) => ErrorCode::InvalidArgument,
+                RouteError::Cancelled => ErrorCode::Cancelled,
+            },
             Self::Internal(_) => ErrorCode::Internal,
         }
     }
@@ -143,6 +153,25 @@ impl From<kvmesh_llm::LlmError> for FrontendError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn route_errors_map_to_statuses_and_types() {
+        let status = |error: RouteError| {
+            let error = FrontendError::from(error);
+            (
+                error.code().http_status(529),
+                error.body()["error"]["type"].clone(),
+            )
+        };
+        assert_eq!(status(RouteError::NoEndpoint).0, 503);
+        assert_eq!(status(RouteError::NotReady).0, 503);
+        assert_eq!(status(RouteError::BadRequest("x".into())).0, 400);
+        let (code, kind) = status(RouteError::Overloaded);
+        assert_eq!(code, 529);
+        assert_eq!(kind, "overloaded");
+        let body = FrontendError::from(RouteError::Overloaded).body();
+        assert_eq!(body["message"], kvmesh_router::OVERLOADED_MESSAGE);
+    }
 
     #[test]
     fn body_has_openai_and_flat_fields() {

@@ -2,6 +2,7 @@
 //! and turn the worker's token stream into text deltas with stop handling.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
@@ -9,11 +10,11 @@ use kvmesh_proto::v1::{FinishReason, GenerateRequest, GenerateResponse};
 use kvmesh_runtime::worker_client::ResponseStream;
 
 use kvmesh_llm::openai::FinishReason as OpenAiFinish;
+use kvmesh_router::{RouteGuard, RouteRequest, RoutingHints, TerminalPath};
 
 use crate::error::FrontendError;
 use crate::models::{ModelEntry, WorkerRef};
 use crate::pipeline::OutputProcessor;
-use crate::router::RouteContext;
 
 /// Token accounting reported to the client.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -48,55 +49,120 @@ pub struct Started {
     /// The first response, already received (pre-commit peek).
     first: Option<GenerateResponse>,
     stream: ResponseStream,
+    /// The worker's load held for this request; released when the stream ends or is dropped.
+    guard: Option<RouteGuard>,
 }
 
 /// How many workers one request tries before giving up, when the earlier ones are unreachable.
 const MAX_START_ATTEMPTS: usize = 3;
 
 /// Routes `request` and starts it, waiting for the first response so that early failures become
-/// proper error statuses. A worker that cannot be reached (dead but not yet expired from
-/// discovery) is skipped for the next one: nothing has reached the client yet, so retrying is safe.
+/// proper error statuses. The route guard travels with the returned stream and releases the
+/// worker's load when the stream ends or is dropped. A worker that cannot be reached (dead but not
+/// yet expired from discovery) is freed as an error and the request is routed again among the
+/// workers not tried yet: nothing has reached the client, so retrying is safe.
 pub async fn start(
     entry: &Arc<ModelEntry>,
     request: GenerateRequest,
+    hints: RoutingHints,
     first_response_timeout: Option<Duration>,
 ) -> Result<Started, FrontendError> {
-    let first_index = entry
-        .router
-        .select(
-            &entry.worker_ids,
-            &RouteContext {
-                token_ids: &request.token_ids,
-            },
-        )
-        .ok_or_else(|| FrontendError::NoWorkers(entry.name.clone()))?;
-    let num_workers = entry.workers.len();
-    let num_attempts = MAX_START_ATTEMPTS.min(num_workers);
+    let num_attempts = MAX_START_ATTEMPTS.min(entry.workers.len()).max(1);
+    let mut hints = hints;
+    let mut tried: Vec<u64> = Vec::new();
     let mut request = Some(request);
     let mut last_error = None;
     for attempt in 0..num_attempts {
-        let Some(worker) = entry.workers.get((first_index + attempt) % num_workers) else {
-            break;
-        };
+        if !tried.is_empty() {
+            let allowed: Vec<u64> = entry
+                .workers
+                .iter()
+                .map(|w| w.id)
+                .filter(|id| {
+                    !tried.contains(id)
+                        && hints
+                            .allowed_worker_ids
+                            .as_ref()
+                            .is_none_or(|allowed| allowed.contains(id))
+                })
+                .collect();
+            if allowed.is_empty() {
+                break;
+            }
+            hints.allowed_worker_ids = Some(allowed);
+        }
         // Only a request that may be retried is copied; the last attempt takes the original.
         let this_request = if attempt + 1 == num_attempts {
             request.take()
         } else {
             request.clone()
         };
-        let Some(this_request) = this_request else {
+        let Some(mut this_request) = this_request else {
             break;
         };
+        let guard = route(entry, &this_request, hints.clone()).await?;
+        let decision = guard.decision();
+        let worker_id = decision.worker_id;
+        if let Some(rank) = decision.dp_rank {
+            this_request.routing.get_or_insert_default().dp_rank = Some(rank);
+        }
+        let Some(worker) = entry.workers.iter().find(|w| w.id == worker_id) else {
+            // Routed to a worker this table version does not list (a race with discovery).
+            guard.finish(TerminalPath::Error);
+            tried.push(worker_id);
+            last_error = Some(FrontendError::NoWorkers(entry.name.clone()));
+            continue;
+        };
         match start_on(worker, this_request, first_response_timeout).await {
-            Ok(started) => return Ok(started),
+            Ok(mut started) => {
+                started.guard = Some(guard);
+                return Ok(started);
+            }
             Err(error) if is_unreachable(&error) => {
+                guard.finish(TerminalPath::Error);
                 tracing::warn!(worker_id = %format!("{:x}", worker.id), %error, "worker unreachable, trying another");
+                tried.push(worker_id);
                 last_error = Some(error);
             }
-            Err(error) => return Err(error),
+            Err(error) => {
+                guard.finish(TerminalPath::Error);
+                return Err(error);
+            }
         }
     }
     Err(last_error.unwrap_or_else(|| FrontendError::NoWorkers(entry.name.clone())))
+}
+
+/// Asks the model's router for a worker, reading the prompt's overlap from the indexer shards
+/// first when the decision needs it.
+async fn route(
+    entry: &ModelEntry,
+    request: &GenerateRequest,
+    hints: RoutingHints,
+) -> Result<RouteGuard, FrontendError> {
+    static NEXT_ROUTE_ID: AtomicU64 = AtomicU64::new(0);
+    let route_request = RouteRequest {
+        request_id: format!(
+            "{}#{}",
+            request.request_id,
+            NEXT_ROUTE_ID.fetch_add(1, Ordering::Relaxed)
+        ),
+        token_ids: &request.token_ids,
+        lora_name: (!request.lora_name.is_empty()).then_some(request.lora_name.as_str()),
+        cache_salt: None,
+        hints,
+    };
+    let prepared = entry.router.prepare(&route_request);
+    let primary = match &entry.indexer {
+        Some(indexer) if entry.router.needs_overlap(&prepared) => Some(
+            indexer
+                .find_matches(&entry.name, &prepared.local_hashes)
+                .await
+                .scores,
+        ),
+        _ => None,
+    };
+    Ok(entry.router.route_prepared(prepared, primary).await?)
 }
 
 fn is_unreachable(error: &FrontendError) -> bool {
@@ -143,6 +209,7 @@ async fn start_on(
         dp_rank,
         first: Some(first),
         stream,
+        guard: None,
     })
 }
 
@@ -155,11 +222,16 @@ pub fn text_deltas(
     metrics: crate::metrics::ModelMetrics,
 ) -> impl Stream<Item = Result<TextDelta, FrontendError>> + Send {
     let Started {
-        mut first, stream, ..
+        mut first,
+        stream,
+        guard,
+        ..
     } = started;
     let begin = Instant::now();
     async_stream::stream! {
         let mut stream = stream;
+        // Dropped with the stream (client disconnect) it frees the request as disconnected.
+        let mut guard = guard;
         let mut usage = TokenUsage { prompt_tokens: num_prompt_tokens, ..Default::default() };
         let mut last_token_at: Option<Instant> = None;
         loop {
@@ -168,10 +240,12 @@ pub fn text_deltas(
                 None => match stream.next().await {
                     Some(Ok(response)) => response,
                     Some(Err(status)) => {
+                        release(&mut guard, TerminalPath::Error);
                         yield Err(FrontendError::from(status));
                         return;
                     }
                     None => {
+                        release(&mut guard, TerminalPath::Error);
                         yield Err(FrontendError::Worker {
                             code: kvmesh_runtime::ErrorCode::Unavailable,
                             message: "worker stream ended without a finish reason".into(),
@@ -196,12 +270,18 @@ pub fn text_deltas(
             }
             let num_tokens = response.token_ids.len() as u32;
             usage.completion_tokens += num_tokens;
+            if num_tokens > 0
+                && let Some(guard) = &guard
+            {
+                guard.add_output_tokens(u64::from(num_tokens));
+            }
             let step = output.push_tokens(&response.token_ids);
             let finish = FinishReason::try_from(response.finish_reason).unwrap_or(FinishReason::Unspecified);
             if step.stopped {
                 let mut delta = TextDelta { text: step.text, num_tokens, ..Default::default() };
                 delta.finish_reason = Some(OpenAiFinish::Stop);
                 delta.usage = Some(usage);
+                release(&mut guard, TerminalPath::Completed);
                 yield Ok(delta);
                 return;
             }
@@ -212,13 +292,17 @@ pub fn text_deltas(
                     }
                 }
                 FinishReason::Error => {
+                    release(&mut guard, TerminalPath::Error);
                     yield Err(FrontendError::Worker {
                         code: kvmesh_runtime::ErrorCode::Internal,
                         message: if response.error.is_empty() { "worker failed".into() } else { response.error },
                     });
                     return;
                 }
-                FinishReason::Cancelled => return,
+                FinishReason::Cancelled => {
+                    release(&mut guard, TerminalPath::Cancelled);
+                    return;
+                }
                 other => {
                     let mut text = step.text;
                     text.push_str(&output.flush());
@@ -227,10 +311,18 @@ pub fn text_deltas(
                         FinishReason::ContentFilter => OpenAiFinish::ContentFilter,
                         _ => OpenAiFinish::Stop,
                     };
+                    release(&mut guard, TerminalPath::Completed);
                     yield Ok(TextDelta { text, num_tokens, finish_reason: Some(reason), usage: Some(usage) });
                     return;
                 }
             }
         }
+    }
+}
+
+/// Releases the request's load by `path` (once).
+fn release(guard: &mut Option<RouteGuard>, path: TerminalPath) {
+    if let Some(guard) = guard.take() {
+        guard.finish(path);
     }
 }

@@ -145,6 +145,22 @@ pub(crate) fn request_id(headers: &HeaderMap) -> String {
         .unwrap_or_else(|| uuid::Uuid::new_v4().to_string())
 }
 
+/// Routing pins, priorities and the session id from the request headers (router.md §9, §10);
+/// a malformed number is a 400 naming the header.
+pub(crate) fn routing_hints(
+    headers: &HeaderMap,
+) -> Result<kvmesh_router::RoutingHints, FrontendError> {
+    let mut hints = kvmesh_router::RoutingHints::default();
+    kvmesh_router::hints::apply_headers(
+        &mut hints,
+        headers
+            .iter()
+            .filter_map(|(name, value)| Some((name.as_str(), value.to_str().ok()?))),
+        false,
+    )?;
+    Ok(hints)
+}
+
 /// Adds `x-request-id` to a response.
 pub(crate) fn with_request_id(mut response: Response, request_id: &str) -> Response {
     if let Ok(value) = HeaderValue::from_str(request_id) {

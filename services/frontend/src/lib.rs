@@ -12,7 +12,6 @@ pub mod metrics;
 pub mod models;
 pub mod opts;
 pub mod pipeline;
-pub mod router;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -42,9 +41,19 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let args = &opts.frontend;
-    args.validate().map_err(|e| anyhow::anyhow!(e))?;
+    let router_config = args.router_config().map_err(|e| anyhow::anyhow!(e))?;
     let metrics = FrontendMetrics::new(&args.metrics_prefix).context("register metrics")?;
     let discovery = connect::discovery(&opts.runtime, embedded.as_ref()).await?;
+    // Worker load only sharpens routing: without an event plane the routers use their own
+    // tracking alone.
+    let events: Arc<dyn kvmesh_runtime::event_plane::EventPlane> =
+        match connect::event_plane(&opts.runtime, embedded.as_ref()).await {
+            Ok(events) => events,
+            Err(error) => {
+                tracing::warn!(%error, "event plane unavailable; routing without published load");
+                Arc::new(kvmesh_runtime::event_plane::mem::MemEventPlane::new())
+            }
+        };
     let table = models::empty_table();
 
     let watcher = WatcherConfig {
@@ -55,10 +64,11 @@ pub async fn run(
         model_path: args.model_path.clone(),
         model_name: args.model_name.clone(),
         kv_cache_block_size: args.kv_cache_block_size,
-        make_router: {
-            let mode = args.router_mode;
-            Box::new(move || Arc::from(router::build_router(mode, seed_now())))
-        },
+        router: router_config,
+        events,
+        discovery: discovery.clone(),
+        kv_partitions: opts.runtime.kv_partitions,
+        indexer_timeout: Duration::from_millis(args.indexer_query_timeout_ms),
         grpc: GrpcSettings::default(),
     };
     let watch_shutdown = shutdown.child_token();
@@ -182,11 +192,4 @@ pub async fn run(
         Some(message) => anyhow::bail!(message),
         None => Ok(()),
     }
-}
-
-fn seed_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
 }

@@ -8,15 +8,22 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
 use futures::StreamExt;
+use kvmesh_indexer::client::IndexerClient;
 use kvmesh_proto::v1::{InstanceRecord, ModelCard, ModelRecord};
+use kvmesh_router::{
+    MonotonicClock, RouterConfig, RouterCore, RouterMode, RuntimeConfig, SharedRouter, WorkerInfo,
+    WorkerLoad,
+};
 use kvmesh_runtime::discovery::{Discovery, WatchEvent};
+use kvmesh_runtime::event_plane::EventPlane;
+use kvmesh_runtime::names;
 use kvmesh_runtime::worker_client::{GrpcSettings, WorkerEndpoint, connect_worker};
+use prost::Message as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::FrontendError;
 use crate::metrics::{FrontendMetrics, ModelConfig, ModelMetrics};
 use crate::pipeline::Pipeline;
-use crate::router::Router;
 
 /// How long a model stays listed (answering 503) after its last worker left.
 pub const MODEL_GRACE: Duration = Duration::from_secs(30);
@@ -40,10 +47,10 @@ pub struct ModelEntry {
     pub pipeline: Arc<Pipeline>,
     /// Workers in routing order.
     pub workers: Vec<WorkerRef>,
-    /// Their ids, in the same order, for the router.
-    pub worker_ids: Vec<u64>,
-    /// The model's routing policy (shared across table versions so its state persists).
-    pub router: Arc<dyn Router>,
+    /// The model's router (shared across table versions so its state persists).
+    pub router: SharedRouter,
+    /// Remote index of the model's namespace, queried for overlap in kv mode.
+    pub indexer: Option<IndexerClient>,
     /// Metric handles.
     pub metrics: ModelMetrics,
     /// Maximum prompt plus output tokens (0 = unknown).
@@ -99,21 +106,136 @@ pub struct WatcherConfig {
     pub model_name: Option<String>,
     /// `--kv-cache-block-size` override.
     pub kv_cache_block_size: Option<u32>,
-    /// Builds each model's router.
-    pub make_router: Box<dyn Fn() -> Arc<dyn Router> + Send + Sync>,
+    /// Routing configuration of every model's router.
+    pub router: RouterConfig,
+    /// Event plane the workers publish their load on.
+    pub events: Arc<dyn EventPlane>,
+    /// Discovery handle (indexer replicas are found through it).
+    pub discovery: Arc<dyn Discovery>,
+    /// `--kv-partitions` of the indexer shards.
+    pub kv_partitions: u32,
+    /// Limit of one overlap query.
+    pub indexer_timeout: Duration,
     /// gRPC settings for worker connections.
     pub grpc: GrpcSettings,
+}
+
+impl WatcherConfig {
+    /// Whether routers read overlap from the indexer shards.
+    fn uses_indexer(&self) -> bool {
+        self.router.mode == RouterMode::Kv
+            && self.router.kv.use_kv_events
+            && self.router.kv.overlap_score_credit > 0.0
+    }
 }
 
 struct ModelState {
     card: ModelCard,
     checksum: String,
     pipeline: Arc<Pipeline>,
-    router: Arc<dyn Router>,
+    router: SharedRouter,
+    indexer: Option<IndexerClient>,
+    load_task: tokio::task::JoinHandle<()>,
     metrics: ModelMetrics,
     created: u64,
     workers: BTreeMap<u64, WorkerRef>,
     empty_since: Option<Instant>,
+}
+
+impl Drop for ModelState {
+    fn drop(&mut self) {
+        self.load_task.abort();
+    }
+}
+
+/// Indexer clients by namespace, connected on first use and kept for the watcher's life.
+#[derive(Default)]
+struct Indexers {
+    clients: HashMap<String, IndexerClient>,
+}
+
+impl Indexers {
+    async fn get(
+        &mut self,
+        namespace: &str,
+        config: &WatcherConfig,
+        shutdown: &CancellationToken,
+    ) -> Option<IndexerClient> {
+        if let Some(client) = self.clients.get(namespace) {
+            return Some(client.clone());
+        }
+        match IndexerClient::connect(
+            config.discovery.clone(),
+            namespace,
+            config.kv_partitions,
+            config.indexer_timeout,
+            shutdown.child_token(),
+        )
+        .await
+        {
+            Ok(client) => {
+                self.clients.insert(namespace.to_string(), client.clone());
+                Some(client)
+            }
+            Err(error) => {
+                tracing::warn!(%namespace, %error, "cannot watch indexer replicas; routing without overlap");
+                None
+            }
+        }
+    }
+}
+
+/// The router's view of a discovered worker: its device and the runtime config of its card.
+fn worker_info(instance: &InstanceRecord, card: Option<&ModelCard>) -> WorkerInfo {
+    let runtime = card
+        .and_then(|card| card.runtime_config.as_ref())
+        .map(|rc| RuntimeConfig {
+            total_kv_blocks: rc.total_kv_blocks,
+            max_num_batched_tokens: rc.max_num_batched_tokens,
+            data_parallel_start_rank: rc.data_parallel_start_rank,
+            data_parallel_size: rc.data_parallel_size,
+        });
+    WorkerInfo {
+        worker_id: instance.instance_id,
+        device_type: if instance.device_type.is_empty() {
+            "cuda".to_string()
+        } else {
+            instance.device_type.clone()
+        },
+        runtime,
+    }
+}
+
+/// Feeds the load workers publish for `model` into its router until aborted.
+fn spawn_load_feed(
+    events: Arc<dyn EventPlane>,
+    namespace: String,
+    model: String,
+    router: SharedRouter,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let subject = names::load_subject(&namespace, &model);
+        let mut subscription = match events.subscribe(&subject).await {
+            Ok(subscription) => subscription,
+            Err(error) => {
+                tracing::warn!(%subject, %error, "cannot subscribe to worker load");
+                return;
+            }
+        };
+        while let Some(message) = subscription.next().await {
+            match kvmesh_proto::v1::WorkerLoad::decode(message.payload) {
+                Ok(load) => router.update_load(WorkerLoad {
+                    worker: kvmesh_kv::WorkerKey::new(load.worker_id, load.dp_rank),
+                    kv_used_blocks: load.kv_used_blocks,
+                    kv_total_blocks: load.kv_total_blocks,
+                    num_running: load.num_running,
+                    num_waiting: load.num_waiting,
+                    waiting_prefill_tokens: load.waiting_prefill_tokens,
+                }),
+                Err(error) => tracing::debug!(%subject, %error, "undecodable worker load"),
+            }
+        }
+    })
 }
 
 #[derive(Default)]
@@ -137,11 +259,15 @@ pub async fn watch_models(
     let mut known = Known::default();
     let mut models: HashMap<String, ModelState> = HashMap::new();
     let mut pipelines: HashMap<PathBuf, Arc<Pipeline>> = HashMap::new();
+    let mut indexers = Indexers::default();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
             _ = tick.tick() => {
+                for state in models.values() {
+                    state.router.tick();
+                }
                 let before = models.len();
                 models.retain(|name, state| {
                     let expired = state.empty_since.is_some_and(|since| since.elapsed() >= MODEL_GRACE);
@@ -159,7 +285,7 @@ pub async fn watch_models(
                     return Err(FrontendError::Internal("discovery watch ended".into()));
                 };
                 apply_event(event, &mut known, &config);
-                reconcile(&known, &mut models, &mut pipelines, &metrics, &config).await;
+                reconcile(&known, &mut models, &mut pipelines, &mut indexers, &metrics, &config, &shutdown).await;
                 publish(&table, &models, config.kv_cache_block_size);
             }
         }
@@ -200,8 +326,10 @@ async fn reconcile(
     known: &Known,
     models: &mut HashMap<String, ModelState>,
     pipelines: &mut HashMap<PathBuf, Arc<Pipeline>>,
+    indexers: &mut Indexers,
     metrics: &FrontendMetrics,
     config: &WatcherConfig,
+    shutdown: &CancellationToken,
 ) {
     let instances: HashMap<(String, u64), &InstanceRecord> = known
         .instances
@@ -237,14 +365,44 @@ async fn reconcile(
                     }
                 },
             };
-            tracing::info!(model = %name, "model added");
+            let block_size = config
+                .kv_cache_block_size
+                .unwrap_or(card.kv_cache_block_size)
+                .max(1);
+            let core = match RouterCore::new(
+                config.router.clone(),
+                name.clone(),
+                block_size,
+                seed_now(),
+            ) {
+                Ok(core) => core,
+                Err(error) => {
+                    tracing::error!(model = %name, %error, "cannot build the router");
+                    continue;
+                }
+            };
+            let router = SharedRouter::new(core, Arc::new(MonotonicClock::new()));
+            let indexer = if config.uses_indexer() {
+                indexers.get(&record.namespace, config, shutdown).await
+            } else {
+                None
+            };
+            let load_task = spawn_load_feed(
+                config.events.clone(),
+                record.namespace.clone(),
+                name.clone(),
+                router.clone(),
+            );
+            tracing::info!(model = %name, block_size, "model added");
             models.insert(
                 name.clone(),
                 ModelState {
                     checksum: record.card_checksum.clone(),
                     card,
                     pipeline,
-                    router: (config.make_router)(),
+                    router,
+                    indexer,
+                    load_task,
                     metrics: metrics.for_model(name),
                     created: SystemTime::now()
                         .duration_since(UNIX_EPOCH)
@@ -272,6 +430,9 @@ async fn reconcile(
                 None => match connect_worker(&instance.address, &config.grpc) {
                     Ok(endpoint) => {
                         tracing::info!(model = %name, worker_id = %format!("{:x}", instance.instance_id), address = %instance.address, "worker added");
+                        state
+                            .router
+                            .upsert_worker(worker_info(instance, record.card.as_ref()));
                         WorkerRef {
                             id: instance.instance_id,
                             endpoint,
@@ -288,6 +449,7 @@ async fn reconcile(
         for id in state.workers.keys() {
             if !workers.contains_key(id) {
                 tracing::info!(model = %name, worker_id = %format!("{id:x}"), "worker removed");
+                state.router.remove_worker(*id);
             }
         }
         state.workers = workers;
@@ -297,6 +459,7 @@ async fn reconcile(
         if !serving.contains_key(name) && !state.workers.is_empty() {
             for id in state.workers.keys() {
                 tracing::info!(model = %name, worker_id = %format!("{id:x}"), "worker removed");
+                state.router.remove_worker(*id);
             }
             state.workers.clear();
         }
@@ -349,7 +512,6 @@ fn publish(
     let mut next = HashMap::with_capacity(models.len());
     for (name, state) in models {
         let workers: Vec<WorkerRef> = state.workers.values().cloned().collect();
-        let worker_ids = workers.iter().map(|w| w.id).collect();
         next.insert(
             name.clone(),
             Arc::new(ModelEntry {
@@ -357,8 +519,8 @@ fn publish(
                 created: state.created,
                 pipeline: state.pipeline.clone(),
                 workers,
-                worker_ids,
                 router: state.router.clone(),
+                indexer: state.indexer.clone(),
                 metrics: state.metrics.clone(),
                 context_length: state.card.context_length,
                 kv_cache_block_size: block_size_override.unwrap_or(state.card.kv_cache_block_size),
@@ -366,4 +528,11 @@ fn publish(
         );
     }
     table.store(Arc::new(next));
+}
+
+fn seed_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
 }

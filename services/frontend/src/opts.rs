@@ -2,28 +2,9 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, ValueEnum};
+use clap::{Args, Parser};
+use kvmesh_router::{RouterArgs, RouterConfig};
 use kvmesh_runtime::config::RuntimeOpts;
-
-/// Routing policies selectable with `--router-mode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum RouterMode {
-    /// Each worker in turn.
-    RoundRobin,
-    /// A uniformly random worker.
-    Random,
-    /// The less loaded of two random workers (not yet available).
-    PowerOfTwo,
-    /// KV-cache-aware routing (not yet available).
-    Kv,
-    /// The worker named by the request (not yet available).
-    Direct,
-    /// The least loaded worker (not yet available).
-    LeastLoaded,
-    /// Weighted by device type (not yet available).
-    DeviceAwareWeighted,
-}
 
 /// Options of `kvmesh-frontend`.
 #[derive(Debug, Clone, Parser)]
@@ -69,14 +50,14 @@ pub struct FrontendArgs {
     #[arg(long, env = "DYN_KV_CACHE_BLOCK_SIZE", value_parser = clap::value_parser!(u32).range(1..))]
     pub kv_cache_block_size: Option<u32>,
 
-    /// How requests are spread over workers.
-    #[arg(
-        long,
-        env = "DYN_ROUTER_MODE",
-        value_enum,
-        default_value = "round-robin"
-    )]
-    pub router_mode: RouterMode,
+    /// Router options (`--router-mode` and the KV router's flags).
+    #[command(flatten)]
+    pub router: RouterArgs,
+
+    /// Milliseconds one overlap query to the indexer shards may take before it is answered
+    /// without them (kv mode).
+    #[arg(long, env = "KVMESH_INDEXER_QUERY_TIMEOUT_MS", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    pub indexer_query_timeout_ms: u64,
 
     /// Prometheus metric name prefix.
     #[arg(long, env = "DYN_METRICS_PREFIX", default_value = "dynamo_frontend", value_parser = metric_prefix)]
@@ -159,18 +140,15 @@ fn overload_status(value: &str) -> Result<u16, String> {
 }
 
 impl FrontendArgs {
-    /// Refuses router modes that are parsed for compatibility but not implemented yet.
+    /// Checks the options that clap cannot (the router's cross-field rules); the message names
+    /// the flag.
     pub fn validate(&self) -> Result<(), String> {
-        match self.router_mode {
-            RouterMode::RoundRobin | RouterMode::Random => Ok(()),
-            other => Err(format!(
-                "--router-mode (DYN_ROUTER_MODE): {} is not available yet; use round-robin or random",
-                other
-                    .to_possible_value()
-                    .map(|v| v.get_name().to_string())
-                    .unwrap_or_default()
-            )),
-        }
+        self.router_config().map(|_| ())
+    }
+
+    /// The routing configuration (deprecated aliases applied, validated).
+    pub fn router_config(&self) -> Result<RouterConfig, String> {
+        self.router.to_config().map_err(|error| error.to_string())
     }
 }
 
@@ -198,12 +176,16 @@ mod tests {
             .to_string();
         assert!(error.contains("--model-path"), "{error}");
         let opts = FrontendOpts::try_parse_from(["f", "--router-mode", "kv"]).unwrap();
-        assert!(
-            opts.frontend
-                .validate()
-                .unwrap_err()
-                .contains("--router-mode")
-        );
+        let config = opts.frontend.router_config().unwrap();
+        assert_eq!(config.mode, kvmesh_router::RouterMode::Kv);
+        let error = FrontendOpts::try_parse_from(["f", "--router-mode", "nope"])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("--router-mode"), "{error}");
+        let error = FrontendOpts::try_parse_from(["f", "--router-temperature", "-1"])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("--router-temperature"), "{error}");
     }
 
     #[test]

@@ -164,10 +164,47 @@ impl SharedRouter {
 
     /// Routes a request without waiting: a guard, or a queue place to await.
     pub fn try_route(&self, request: &RouteRequest<'_>) -> Result<Admission, RouteError> {
+        let prepared = self.prepare(request);
+        self.try_route_prepared(prepared, None)
+    }
+
+    /// Hashes a request as this router's mode needs (only `kv` mode hashes); no lock is taken.
+    pub fn prepare(&self, request: &RouteRequest<'_>) -> PreparedRequest {
         let inner = &self.inner;
-        let prepared =
-            PreparedRequest::new(request, inner.block_size, inner.mode == RouterMode::Kv);
-        let primary = self.query_primary(&prepared);
+        PreparedRequest::new(request, inner.block_size, inner.mode == RouterMode::Kv)
+    }
+
+    /// Whether a decision for `prepared` reads the event-fed index (kv mode, KV events on,
+    /// overlap credit above zero after the request's override, a prompt of at least one block):
+    /// callers with a remote index query it only then.
+    pub fn needs_overlap(&self, prepared: &PreparedRequest) -> bool {
+        let inner = &self.inner;
+        inner.mode == RouterMode::Kv
+            && inner.kv.use_kv_events
+            && !prepared.local_hashes.is_empty()
+            && EffectiveKv::new(&inner.kv, prepared.hints.config_override.as_ref()).queries_index()
+    }
+
+    /// Routes a prepared request, waiting in the queue if it parks. `primary` is the overlap the
+    /// caller read from a remote index; `None` queries the attached source (if any).
+    pub async fn route_prepared(
+        &self,
+        prepared: PreparedRequest,
+        primary: Option<OverlapScores>,
+    ) -> Result<RouteGuard, RouteError> {
+        match self.try_route_prepared(prepared, primary)? {
+            Admission::Routed(guard) => Ok(guard),
+            Admission::Queued(queued) => queued.await,
+        }
+    }
+
+    /// Routes a prepared request without waiting (see [`Self::route_prepared`]).
+    pub fn try_route_prepared(
+        &self,
+        prepared: PreparedRequest,
+        primary: Option<OverlapScores>,
+    ) -> Result<Admission, RouteError> {
+        let primary = primary.or_else(|| self.query_primary(&prepared));
         let (result, undelivered) =
             self.locked(
                 |state, now| match state.core.route_prepared(prepared, primary, now)? {

@@ -29,7 +29,7 @@ pub async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let request_id = request_id(&headers);
-    let response = match handle(&state, &request_id, body).await {
+    let response = match handle(&state, &request_id, &headers, body).await {
         Ok(response) => response,
         Err(error) => state.error_response(error),
     };
@@ -110,6 +110,7 @@ fn check_prompt_shape(body: &Value) -> Result<(), FrontendError> {
 async fn handle(
     state: &Arc<AppState>,
     request_id: &str,
+    headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, FrontendError> {
     state.check_accepting()?;
@@ -176,6 +177,7 @@ async fn handle(
         let started = generate::start(
             &entry,
             worker_request,
+            super::routing_hints(headers)?,
             state.settings.backend_stream_timeout,
         )
         .await?;
