@@ -232,6 +232,7 @@ pub fn text_deltas(
         let mut stream = stream;
         // Dropped with the stream (client disconnect) it frees the request as disconnected.
         let mut guard = guard;
+        let mut is_first_token_reported = false;
         let mut usage = TokenUsage { prompt_tokens: num_prompt_tokens, ..Default::default() };
         let mut last_token_at: Option<Instant> = None;
         loop {
@@ -273,7 +274,14 @@ pub fn text_deltas(
             if num_tokens > 0
                 && let Some(guard) = &guard
             {
-                guard.add_output_tokens(u64::from(num_tokens));
+                // The first token ends prefill; later ones matter only when the router tracks
+                // output blocks, so the common case takes no router lock per token.
+                if guard.tracks_output_tokens() {
+                    guard.add_output_tokens(u64::from(num_tokens));
+                } else if !is_first_token_reported {
+                    guard.first_token();
+                }
+                is_first_token_reported = true;
             }
             let step = output.push_tokens(&response.token_ids);
             let finish = FinishReason::try_from(response.finish_reason).unwrap_or(FinishReason::Unspecified);

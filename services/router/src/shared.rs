@@ -294,6 +294,13 @@ impl SharedRouter {
         self.with_core(|core, now| core.add_output_tokens(request_id, num_tokens, now));
     }
 
+    /// Whether output tokens after the first change this router's state
+    /// (`--router-track-output-blocks`); callers skip reporting them otherwise, which saves a lock
+    /// per streamed token.
+    pub fn tracks_output_tokens(&self) -> bool {
+        self.inner.kv.track_output_blocks
+    }
+
     /// Frees a request tracked by id. Returns whether it was still tracked.
     pub fn free(&self, request_id: &str, path: TerminalPath) -> bool {
         self.with_core(|core, now| core.free(request_id, path, now))
@@ -383,6 +390,12 @@ impl RouteGuard {
     /// The first token arrived: prefill load is released.
     pub fn first_token(&self) {
         self.router.mark_prefill_done(&self.decision.request_id);
+    }
+
+    /// Whether reporting tokens after the first changes anything (see
+    /// [`SharedRouter::tracks_output_tokens`]).
+    pub fn tracks_output_tokens(&self) -> bool {
+        self.router.tracks_output_tokens()
     }
 
     /// More tokens were generated (the first call also marks the first token).
