@@ -17,7 +17,7 @@ use kvmesh_llm::openai::{
 use super::sse::{self, RequestScope};
 use super::{AppState, body_bytes, parse_json, request_id, with_request_id};
 use crate::error::FrontendError;
-use crate::generate::{self, TextDelta};
+use crate::generate;
 use crate::models::find_model;
 use crate::pipeline::generate_request;
 
@@ -90,28 +90,7 @@ async fn handle(
     let model = entry.name.clone();
 
     if !stream {
-        let mut deltas = std::pin::pin!(deltas);
-        let mut text = String::new();
-        let mut last = TextDelta::default();
-        while let Some(delta) = deltas.next().await {
-            match delta {
-                Ok(delta) => {
-                    text.push_str(&delta.text);
-                    last = delta;
-                }
-                Err(error) => {
-                    scope.finish(Some(&error));
-                    return Err(error);
-                }
-            }
-        }
-        let usage = last.usage.unwrap_or_default();
-        scope.observe_tokens(
-            usage.prompt_tokens,
-            usage.completion_tokens,
-            usage.cached_tokens,
-        );
-        scope.finish(None);
+        let answer = sse::collect_unary(deltas, &mut scope, String::new()).await?;
         let response = ChatCompletionResponse {
             id,
             object: ChatCompletionObject,
@@ -121,16 +100,16 @@ async fn handle(
                 index: 0,
                 message: ChatResponseMessage {
                     role: Role::Assistant,
-                    content: Some(text),
+                    content: Some(answer.text),
                     ..Default::default()
                 },
                 logprobs: None,
-                finish_reason: last.finish_reason,
+                finish_reason: answer.finish_reason,
             }],
             usage: Some(Usage::new(
-                usage.prompt_tokens,
-                usage.completion_tokens,
-                Some(usage.cached_tokens),
+                answer.usage.prompt_tokens,
+                answer.usage.completion_tokens,
+                Some(answer.usage.cached_tokens),
             )),
             system_fingerprint: None,
             nvext,

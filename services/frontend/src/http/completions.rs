@@ -18,7 +18,7 @@ use super::chat::now_secs;
 use super::sse::{self, RequestScope};
 use super::{AppState, body_bytes, parse_json, request_id, with_request_id};
 use crate::error::FrontendError;
-use crate::generate::{self, TextDelta};
+use crate::generate;
 use crate::models::find_model;
 use crate::pipeline::generate_request;
 
@@ -198,28 +198,7 @@ async fn handle(
     let model = entry.name.clone();
 
     if !stream {
-        let mut deltas = std::pin::pin!(deltas);
-        let mut text = echoed.unwrap_or_default();
-        let mut last = TextDelta::default();
-        while let Some(delta) = deltas.next().await {
-            match delta {
-                Ok(delta) => {
-                    text.push_str(&delta.text);
-                    last = delta;
-                }
-                Err(error) => {
-                    scope.finish(Some(&error));
-                    return Err(error);
-                }
-            }
-        }
-        let usage = last.usage.unwrap_or_default();
-        scope.observe_tokens(
-            usage.prompt_tokens,
-            usage.completion_tokens,
-            usage.cached_tokens,
-        );
-        scope.finish(None);
+        let answer = sse::collect_unary(deltas, &mut scope, echoed.unwrap_or_default()).await?;
         let response = CompletionResponse {
             id,
             object: TextCompletionObject,
@@ -227,14 +206,14 @@ async fn handle(
             model,
             choices: vec![CompletionChoice {
                 index: 0,
-                text,
+                text: answer.text,
                 logprobs: None,
-                finish_reason: last.finish_reason,
+                finish_reason: answer.finish_reason,
             }],
             usage: Some(Usage::new(
-                usage.prompt_tokens,
-                usage.completion_tokens,
-                Some(usage.cached_tokens),
+                answer.usage.prompt_tokens,
+                answer.usage.completion_tokens,
+                Some(answer.usage.cached_tokens),
             )),
             system_fingerprint: None,
             nvext,

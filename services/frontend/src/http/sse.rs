@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use super::AppState;
 use crate::error::FrontendError;
+use crate::generate::{TextDelta, TokenUsage};
 use crate::models::ModelEntry;
 
 /// The terminator of chat and completions streams.
@@ -71,6 +72,51 @@ fn with_keep_alive(
             }
         }
     }
+}
+
+/// A whole unary answer: the text, the finish reason and the usage of the last delta.
+pub struct UnaryAnswer {
+    /// All text, after `prefix`.
+    pub text: String,
+    /// Why generation ended (`None` when the engine cancelled it).
+    pub finish_reason: Option<kvmesh_llm::openai::FinishReason>,
+    /// Token counts.
+    pub usage: TokenUsage,
+}
+
+/// Reads every delta of a unary request into one answer, recording the outcome on `scope`.
+pub async fn collect_unary(
+    deltas: impl Stream<Item = Result<TextDelta, FrontendError>>,
+    scope: &mut RequestScope,
+    prefix: String,
+) -> Result<UnaryAnswer, FrontendError> {
+    let mut deltas = std::pin::pin!(deltas);
+    let mut text = prefix;
+    let mut last = TextDelta::default();
+    while let Some(delta) = deltas.next().await {
+        match delta {
+            Ok(delta) => {
+                text.push_str(&delta.text);
+                last = delta;
+            }
+            Err(error) => {
+                scope.finish(Some(&error));
+                return Err(error);
+            }
+        }
+    }
+    let usage = last.usage.unwrap_or_default();
+    scope.observe_tokens(
+        usage.prompt_tokens,
+        usage.completion_tokens,
+        usage.cached_tokens,
+    );
+    scope.finish(None);
+    Ok(UnaryAnswer {
+        text,
+        finish_reason: last.finish_reason,
+        usage,
+    })
 }
 
 /// Tracks one request from admission to its end: in-flight counts, duration, outcome metrics,
