@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
-    let protos: Vec<PathBuf> = ["llm", "worker", "events", "discovery", "indexer"]
+    let protos: Vec<PathBuf> = ["llm", "worker", "events", "discovery", "indexer", "router"]
         .iter()
         .map(|name| root.join(format!("kvmesh/v1/{name}.proto")))
         .collect();

@@ -112,7 +112,7 @@ def proto_stubs():
         import grpc_tools
         out_dir = Path(tempfile.mkdtemp())
         include = str(Path(grpc_tools.__file__).parent / "_proto")
-        protos = ["events", "llm", "worker", "indexer"]
+        protos = ["events", "llm", "worker", "indexer", "router"]
         rc = protoc.main(["protoc", f"-I{ROOT / 'proto'}", f"-I{include}", f"--python_out={out_dir}",
                           f"--grpc_python_out={out_dir}", *[f"kvmesh/v1/{p}.proto" for p in protos]])
         assert rc == 0

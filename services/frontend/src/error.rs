@@ -2,7 +2,6 @@
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use kvmesh_router::RouteError;
 use kvmesh_runtime::ErrorCode;
 
 /// Everything that can go wrong while serving one request.
@@ -75,12 +74,7 @@ impl FrontendError {
             Self::Timeout(_) => ErrorCode::Timeout,
             Self::NotImplemented(_) => ErrorCode::NotImplemented,
             Self::Worker { code, .. } => *code,
-            Self::Route(error) => match error {
-                RouteError::NoEndpoint | RouteError::NotReady => ErrorCode::Unavailable,
-                RouteError::Overloaded => ErrorCode::Overloaded,
-                RouteError::BadRequest(_) => ErrorCode::InvalidArgument,
-                RouteError::Cancelled => ErrorCode::Cancelled,
-            },
+            Self::Route(error) => error.code(),
             Self::Internal(_) => ErrorCode::Internal,
         }
     }
@@ -152,6 +146,8 @@ impl From<kvmesh_llm::LlmError> for FrontendError {
 
 #[cfg(test)]
 mod tests {
+    use kvmesh_router::RouteError;
+
     use super::*;
 
     #[test]

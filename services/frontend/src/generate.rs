@@ -10,10 +10,14 @@ use kvmesh_proto::v1::{FinishReason, GenerateRequest, GenerateResponse};
 use kvmesh_runtime::worker_client::ResponseStream;
 
 use kvmesh_llm::openai::FinishReason as OpenAiFinish;
-use kvmesh_router::{RouteGuard, RouteRequest, RoutingHints, TerminalPath};
+use kvmesh_router::{
+    Decision, RemoteLease, RouteError, RouteGuard, RouteRequest, RoutingHints, TerminalPath,
+    route_with_index,
+};
 
 use crate::error::FrontendError;
 use crate::models::{ModelEntry, WorkerRef};
+use crate::opts::RemoteRouterMode;
 use crate::pipeline::OutputProcessor;
 
 /// Token accounting reported to the client.
@@ -50,7 +54,7 @@ pub struct Started {
     first: Option<GenerateResponse>,
     stream: ResponseStream,
     /// The worker's load held for this request; released when the stream ends or is dropped.
-    guard: Option<RouteGuard>,
+    guard: Option<Lease>,
 }
 
 /// How many workers one request tries before giving up, when the earlier ones are unreachable.
@@ -133,13 +137,63 @@ pub async fn start(
     Err(last_error.unwrap_or_else(|| FrontendError::NoWorkers(entry.name.clone())))
 }
 
-/// Asks the model's router for a worker, reading the prompt's overlap from the indexer shards
-/// first when the decision needs it.
+/// A routed request's hold on its worker's load, from the in-process router or a remote
+/// replica. Both release the request on every terminal path, drop included.
+#[derive(Debug)]
+pub enum Lease {
+    /// Decided by this process's router.
+    Local(RouteGuard),
+    /// Decided by a `kvmesh-router` replica; its life is reported back to it.
+    Remote(RemoteLease),
+}
+
+impl Lease {
+    /// Where the request goes.
+    pub fn decision(&self) -> &Decision {
+        match self {
+            Lease::Local(guard) => guard.decision(),
+            Lease::Remote(lease) => lease.decision(),
+        }
+    }
+
+    /// Whether tokens after the first change the router's state (only the in-process router's
+    /// output-block tracking is fed per token; remote replicas get the first token and the end).
+    fn tracks_output_tokens(&self) -> bool {
+        match self {
+            Lease::Local(guard) => guard.tracks_output_tokens(),
+            Lease::Remote(_) => false,
+        }
+    }
+
+    fn first_token(&self) {
+        match self {
+            Lease::Local(guard) => guard.first_token(),
+            Lease::Remote(lease) => lease.first_token(),
+        }
+    }
+
+    fn add_output_tokens(&self, num_tokens: u64) {
+        if let Lease::Local(guard) = self {
+            guard.add_output_tokens(num_tokens);
+        }
+    }
+
+    fn finish(self, path: TerminalPath) {
+        match self {
+            Lease::Local(guard) => guard.finish(path),
+            Lease::Remote(lease) => lease.finish(path),
+        }
+    }
+}
+
+/// Asks the model's router for a worker: a remote replica when `--use-remote-router` says so,
+/// else the in-process router (reading the prompt's overlap from the indexer shards first when
+/// the decision needs it).
 async fn route(
     entry: &ModelEntry,
     request: &GenerateRequest,
     hints: RoutingHints,
-) -> Result<RouteGuard, FrontendError> {
+) -> Result<Lease, FrontendError> {
     static NEXT_ROUTE_ID: AtomicU64 = AtomicU64::new(0);
     let route_request = RouteRequest {
         request_id: format!(
@@ -152,17 +206,22 @@ async fn route(
         cache_salt: None,
         hints,
     };
-    let prepared = entry.router.prepare(&route_request);
-    let primary = match &entry.indexer {
-        Some(indexer) if entry.router.needs_overlap(&prepared) => Some(
-            indexer
-                .find_matches(&entry.name, &prepared.local_hashes)
-                .await
-                .scores,
-        ),
-        _ => None,
+    let remote = match (entry.remote_mode, &entry.remote) {
+        (RemoteRouterMode::Off, _) => None,
+        (RemoteRouterMode::On, None) => {
+            return Err(RouteError::Unreachable("router replicas cannot be watched".into()).into());
+        }
+        (RemoteRouterMode::On, Some(remote)) => Some(remote),
+        (RemoteRouterMode::Auto, Some(remote)) if remote.num_replicas() > 0 => Some(remote),
+        (RemoteRouterMode::Auto, _) => None,
     };
-    Ok(entry.router.route_prepared(prepared, primary).await?)
+    if let Some(remote) = remote {
+        return Ok(Lease::Remote(
+            remote.route(&entry.name, &route_request).await?,
+        ));
+    }
+    let guard = route_with_index(&entry.router, entry.indexer.as_ref(), &route_request).await?;
+    Ok(Lease::Local(guard))
 }
 
 fn is_unreachable(error: &FrontendError) -> bool {
@@ -329,7 +388,7 @@ pub fn text_deltas(
 }
 
 /// Releases the request's load by `path` (once).
-fn release(guard: &mut Option<RouteGuard>, path: TerminalPath) {
+fn release(guard: &mut Option<Lease>, path: TerminalPath) {
     if let Some(guard) = guard.take() {
         guard.finish(path);
     }

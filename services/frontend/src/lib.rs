@@ -70,6 +70,7 @@ pub async fn run(
         kv_partitions: opts.runtime.kv_partitions,
         indexer_timeout: Duration::from_millis(args.indexer_query_timeout_ms),
         grpc: GrpcSettings::default(),
+        remote_router: args.use_remote_router,
     };
     let watch_shutdown = shutdown.child_token();
     let mut watch_task = tokio::spawn(models::watch_models(

@@ -9,20 +9,19 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use arc_swap::ArcSwap;
 use futures::StreamExt;
 use kvmesh_indexer::client::IndexerClient;
-use kvmesh_proto::v1::{InstanceRecord, ModelCard, ModelRecord};
+use kvmesh_proto::v1::ModelCard;
+use kvmesh_router::fleet::{self, DiscoveredRecords, IndexerClients};
 use kvmesh_router::{
-    MonotonicClock, RouterConfig, RouterCore, RouterMode, RuntimeConfig, SharedRouter, WorkerInfo,
-    WorkerLoad,
+    MonotonicClock, RemoteRouters, RouterConfig, RouterCore, RouterMode, SharedRouter,
 };
-use kvmesh_runtime::discovery::{Discovery, WatchEvent};
+use kvmesh_runtime::discovery::Discovery;
 use kvmesh_runtime::event_plane::EventPlane;
-use kvmesh_runtime::names;
 use kvmesh_runtime::worker_client::{GrpcSettings, WorkerEndpoint, connect_worker};
-use prost::Message as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::FrontendError;
 use crate::metrics::{FrontendMetrics, ModelConfig, ModelMetrics};
+use crate::opts::RemoteRouterMode;
 use crate::pipeline::Pipeline;
 
 /// How long a model stays listed (answering 503) after its last worker left.
@@ -51,6 +50,10 @@ pub struct ModelEntry {
     pub router: SharedRouter,
     /// Remote index of the model's namespace, queried for overlap in kv mode.
     pub indexer: Option<IndexerClient>,
+    /// Router replicas of the model's namespace (unless `--use-remote-router off`).
+    pub remote: Option<RemoteRouters>,
+    /// `--use-remote-router`: `on` routes only remotely, `auto` when replicas are registered.
+    pub remote_mode: RemoteRouterMode,
     /// Metric handles.
     pub metrics: ModelMetrics,
     /// Maximum prompt plus output tokens (0 = unknown).
@@ -76,24 +79,12 @@ pub fn find_model(table: &ModelTable, name: &str) -> Result<Arc<ModelEntry>, Fro
     }
 }
 
-/// Which namespaces this frontend serves.
-#[derive(Debug, Clone, Default)]
-pub struct NamespaceFilter {
-    /// Exact namespace.
-    pub exact: Option<String>,
-    /// Namespace prefix; wins over `exact`.
-    pub prefix: Option<String>,
-}
+pub use kvmesh_router::fleet::NamespaceFilter;
 
-impl NamespaceFilter {
-    /// Whether records of `namespace` are served.
-    pub fn accepts(&self, namespace: &str) -> bool {
-        match (&self.prefix, &self.exact) {
-            (Some(prefix), _) => namespace.starts_with(prefix.as_str()),
-            (None, Some(exact)) => namespace == exact,
-            (None, None) => true,
-        }
-    }
+/// Router clients of the watcher, by namespace.
+struct Clients {
+    indexers: IndexerClients,
+    remotes: Remotes,
 }
 
 /// Settings of the model watcher.
@@ -118,6 +109,8 @@ pub struct WatcherConfig {
     pub indexer_timeout: Duration,
     /// gRPC settings for worker connections.
     pub grpc: GrpcSettings,
+    /// `--use-remote-router`: whether requests route through `kvmesh-router` replicas.
+    pub remote_router: RemoteRouterMode,
 }
 
 impl WatcherConfig {
@@ -135,7 +128,9 @@ struct ModelState {
     pipeline: Arc<Pipeline>,
     router: SharedRouter,
     indexer: Option<IndexerClient>,
+    remote: Option<RemoteRouters>,
     load_task: tokio::task::JoinHandle<()>,
+    sync_stop: CancellationToken,
     metrics: ModelMetrics,
     created: u64,
     workers: BTreeMap<u64, WorkerRef>,
@@ -145,30 +140,29 @@ struct ModelState {
 impl Drop for ModelState {
     fn drop(&mut self) {
         self.load_task.abort();
+        self.sync_stop.cancel();
     }
 }
 
-/// Indexer clients by namespace, connected on first use and kept for the watcher's life.
-#[derive(Default)]
-struct Indexers {
-    clients: HashMap<String, IndexerClient>,
+/// Router replica clients by namespace, connected on first use.
+struct Remotes {
+    discovery: Arc<dyn Discovery>,
+    clients: HashMap<String, RemoteRouters>,
 }
 
-impl Indexers {
+impl Remotes {
     async fn get(
         &mut self,
         namespace: &str,
-        config: &WatcherConfig,
         shutdown: &CancellationToken,
-    ) -> Option<IndexerClient> {
+    ) -> Option<RemoteRouters> {
         if let Some(client) = self.clients.get(namespace) {
             return Some(client.clone());
         }
-        match IndexerClient::connect(
-            config.discovery.clone(),
+        match RemoteRouters::connect(
+            self.discovery.clone(),
             namespace,
-            config.kv_partitions,
-            config.indexer_timeout,
+            REMOTE_ROUTER_TIMEOUT,
             shutdown.child_token(),
         )
         .await
@@ -178,71 +172,15 @@ impl Indexers {
                 Some(client)
             }
             Err(error) => {
-                tracing::warn!(%namespace, %error, "cannot watch indexer replicas; routing without overlap");
+                tracing::warn!(%namespace, %error, "cannot watch router replicas; routing in-process");
                 None
             }
         }
     }
 }
 
-/// The router's view of a discovered worker: its device and the runtime config of its card.
-fn worker_info(instance: &InstanceRecord, card: Option<&ModelCard>) -> WorkerInfo {
-    let runtime = card
-        .and_then(|card| card.runtime_config.as_ref())
-        .map(|rc| RuntimeConfig {
-            total_kv_blocks: rc.total_kv_blocks,
-            max_num_batched_tokens: rc.max_num_batched_tokens,
-            data_parallel_start_rank: rc.data_parallel_start_rank,
-            data_parallel_size: rc.data_parallel_size,
-        });
-    WorkerInfo {
-        worker_id: instance.instance_id,
-        device_type: if instance.device_type.is_empty() {
-            "cuda".to_string()
-        } else {
-            instance.device_type.clone()
-        },
-        runtime,
-    }
-}
-
-/// Feeds the load workers publish for `model` into its router until aborted.
-fn spawn_load_feed(
-    events: Arc<dyn EventPlane>,
-    namespace: String,
-    model: String,
-    router: SharedRouter,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let subject = names::load_subject(&namespace, &model);
-        let mut subscription = match events.subscribe(&subject).await {
-            Ok(subscription) => subscription,
-            Err(error) => {
-                tracing::warn!(%subject, %error, "cannot subscribe to worker load");
-                return;
-            }
-        };
-        while let Some(message) = subscription.next().await {
-            match kvmesh_proto::v1::WorkerLoad::decode(message.payload) {
-                Ok(load) => router.update_load(WorkerLoad {
-                    worker: kvmesh_kv::WorkerKey::new(load.worker_id, load.dp_rank),
-                    kv_used_blocks: load.kv_used_blocks,
-                    kv_total_blocks: load.kv_total_blocks,
-                    num_running: load.num_running,
-                    num_waiting: load.num_waiting,
-                    waiting_prefill_tokens: load.waiting_prefill_tokens,
-                }),
-                Err(error) => tracing::debug!(%subject, %error, "undecodable worker load"),
-            }
-        }
-    })
-}
-
-#[derive(Default)]
-struct Known {
-    instances: HashMap<String, InstanceRecord>,
-    models: HashMap<String, ModelRecord>,
-}
+/// Limit of one report to a router replica, and of connecting to one.
+const REMOTE_ROUTER_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Watches discovery and keeps `table` current until `shutdown`.
 pub async fn watch_models(
@@ -256,10 +194,20 @@ pub async fn watch_models(
         .watch("/kvmesh/")
         .await
         .map_err(|e| FrontendError::Internal(format!("discovery watch: {e}")))?;
-    let mut known = Known::default();
+    let mut known = DiscoveredRecords::default();
     let mut models: HashMap<String, ModelState> = HashMap::new();
     let mut pipelines: HashMap<PathBuf, Arc<Pipeline>> = HashMap::new();
-    let mut indexers = Indexers::default();
+    let mut clients = Clients {
+        indexers: IndexerClients::new(
+            config.discovery.clone(),
+            config.kv_partitions,
+            config.indexer_timeout,
+        ),
+        remotes: Remotes {
+            discovery: config.discovery.clone(),
+            clients: HashMap::new(),
+        },
+    };
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tokio::select! {
@@ -277,45 +225,17 @@ pub async fn watch_models(
                     !expired
                 });
                 if models.len() != before {
-                    publish(&table, &models, config.kv_cache_block_size);
+                    publish(&table, &models, &config);
                 }
             }
             event = stream.next() => {
                 let Some(event) = event else {
                     return Err(FrontendError::Internal("discovery watch ended".into()));
                 };
-                apply_event(event, &mut known, &config);
-                reconcile(&known, &mut models, &mut pipelines, &mut indexers, &metrics, &config, &shutdown).await;
-                publish(&table, &models, config.kv_cache_block_size);
+                known.apply(event, &config.namespaces);
+                reconcile(&known, &mut models, &mut pipelines, &mut clients, &metrics, &config, &shutdown).await;
+                publish(&table, &models, &config);
             }
-        }
-    }
-}
-
-fn apply_event(event: WatchEvent, known: &mut Known, config: &WatcherConfig) {
-    match event {
-        WatchEvent::Put { key, value } => {
-            if key.contains("/instances/") {
-                match serde_json::from_slice::<InstanceRecord>(&value) {
-                    Ok(record) if config.namespaces.accepts(&record.namespace) => {
-                        known.instances.insert(key, record);
-                    }
-                    Ok(_) => {}
-                    Err(error) => tracing::warn!(%key, %error, "undecodable instance record"),
-                }
-            } else if key.contains("/models/") {
-                match serde_json::from_slice::<ModelRecord>(&value) {
-                    Ok(record) if config.namespaces.accepts(&record.namespace) => {
-                        known.models.insert(key, record);
-                    }
-                    Ok(_) => {}
-                    Err(error) => tracing::warn!(%key, %error, "undecodable model record"),
-                }
-            }
-        }
-        WatchEvent::Delete { key } => {
-            known.instances.remove(&key);
-            known.models.remove(&key);
         }
     }
 }
@@ -323,28 +243,15 @@ fn apply_event(event: WatchEvent, known: &mut Known, config: &WatcherConfig) {
 /// Rebuilds model states from the known records: a worker serves a model once both its instance
 /// record and its model record are present.
 async fn reconcile(
-    known: &Known,
+    known: &DiscoveredRecords,
     models: &mut HashMap<String, ModelState>,
     pipelines: &mut HashMap<PathBuf, Arc<Pipeline>>,
-    indexers: &mut Indexers,
+    clients: &mut Clients,
     metrics: &FrontendMetrics,
     config: &WatcherConfig,
     shutdown: &CancellationToken,
 ) {
-    let instances: HashMap<(String, u64), &InstanceRecord> = known
-        .instances
-        .values()
-        .map(|record| ((record.namespace.clone(), record.instance_id), record))
-        .collect();
-    let mut serving: HashMap<String, Vec<(&ModelRecord, &InstanceRecord)>> = HashMap::new();
-    for record in known.models.values() {
-        if let Some(instance) = instances.get(&(record.namespace.clone(), record.instance_id)) {
-            serving
-                .entry(record.model.clone())
-                .or_default()
-                .push((record, instance));
-        }
-    }
+    let serving = known.serving();
     for (name, records) in &serving {
         if !models.contains_key(name) {
             let Some((record, _)) = records.first() else {
@@ -373,7 +280,7 @@ async fn reconcile(
                 config.router.clone(),
                 name.clone(),
                 block_size,
-                seed_now(),
+                fleet::seed_now(),
             ) {
                 Ok(core) => core,
                 Err(error) => {
@@ -383,11 +290,29 @@ async fn reconcile(
             };
             let router = SharedRouter::new(core, Arc::new(MonotonicClock::new()));
             let indexer = if config.uses_indexer() {
-                indexers.get(&record.namespace, config, shutdown).await
+                clients.indexers.get(&record.namespace, shutdown).await
             } else {
                 None
             };
-            let load_task = spawn_load_feed(
+            let remote = match config.remote_router {
+                RemoteRouterMode::Off => None,
+                RemoteRouterMode::Auto | RemoteRouterMode::On => {
+                    clients.remotes.get(&record.namespace, shutdown).await
+                }
+            };
+            let sync_stop = shutdown.child_token();
+            if config.router.replica_sync
+                && let Err(error) = kvmesh_router::replica_sync::start(
+                    config.events.clone(),
+                    &record.namespace,
+                    router.clone(),
+                    sync_stop.clone(),
+                )
+                .await
+            {
+                tracing::warn!(model = %name, %error, "replica sync unavailable");
+            }
+            let load_task = fleet::spawn_load_feed(
                 config.events.clone(),
                 record.namespace.clone(),
                 name.clone(),
@@ -402,7 +327,9 @@ async fn reconcile(
                     pipeline,
                     router,
                     indexer,
+                    remote,
                     load_task,
+                    sync_stop,
                     metrics: metrics.for_model(name),
                     created: SystemTime::now()
                         .duration_since(UNIX_EPOCH)
@@ -430,9 +357,6 @@ async fn reconcile(
                 None => match connect_worker(&instance.address, &config.grpc) {
                     Ok(endpoint) => {
                         tracing::info!(model = %name, worker_id = %format!("{:x}", instance.instance_id), address = %instance.address, "worker added");
-                        state
-                            .router
-                            .upsert_worker(worker_info(instance, record.card.as_ref()));
                         WorkerRef {
                             id: instance.instance_id,
                             endpoint,
@@ -444,6 +368,11 @@ async fn reconcile(
                     }
                 },
             };
+            // Upserting on every change applies card updates (runtime config) after the first
+            // sight too.
+            state
+                .router
+                .upsert_worker(fleet::worker_info(instance, record.card.as_ref()));
             workers.insert(instance.instance_id, worker);
         }
         for id in state.workers.keys() {
@@ -504,11 +433,9 @@ async fn load_pipeline(path: &Path, card: &ModelCard) -> Result<Arc<Pipeline>, S
         .map_err(|e| e.to_string())
 }
 
-fn publish(
-    table: &ModelTable,
-    models: &HashMap<String, ModelState>,
-    block_size_override: Option<u32>,
-) {
+fn publish(table: &ModelTable, models: &HashMap<String, ModelState>, config: &WatcherConfig) {
+    let block_size_override = config.kv_cache_block_size;
+    let remote_mode = config.remote_router;
     let mut next = HashMap::with_capacity(models.len());
     for (name, state) in models {
         let workers: Vec<WorkerRef> = state.workers.values().cloned().collect();
@@ -521,6 +448,8 @@ fn publish(
                 workers,
                 router: state.router.clone(),
                 indexer: state.indexer.clone(),
+                remote: state.remote.clone(),
+                remote_mode,
                 metrics: state.metrics.clone(),
                 context_length: state.card.context_length,
                 kv_cache_block_size: block_size_override.unwrap_or(state.card.kv_cache_block_size),
@@ -528,11 +457,4 @@ fn publish(
         );
     }
     table.store(Arc::new(next));
-}
-
-fn seed_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
 }

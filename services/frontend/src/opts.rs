@@ -54,6 +54,11 @@ pub struct FrontendArgs {
     #[command(flatten)]
     pub router: RouterArgs,
 
+    /// Route through `kvmesh-router` replicas: `auto` when some are registered in the model's
+    /// namespace, `on` always (503 while none answers), `off` never (in-process router).
+    #[arg(long, env = "KVMESH_USE_REMOTE_ROUTER", value_enum, default_value_t = RemoteRouterMode::Auto)]
+    pub use_remote_router: RemoteRouterMode,
+
     /// Milliseconds one overlap query to the indexer shards may take before it is answered
     /// without them (kv mode).
     #[arg(long, env = "KVMESH_INDEXER_QUERY_TIMEOUT_MS", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
@@ -98,6 +103,17 @@ pub struct HttpOpts {
     /// Fail a request whose worker stays silent this long before the response starts.
     #[arg(long, env = "DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS", value_parser = clap::value_parser!(u64).range(1..))]
     pub http_backend_stream_timeout_secs: Option<u64>,
+}
+
+/// `--use-remote-router`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RemoteRouterMode {
+    /// Remote replicas when registered, else the in-process router.
+    Auto,
+    /// Only remote replicas.
+    On,
+    /// Only the in-process router.
+    Off,
 }
 
 fn non_empty(value: &str) -> Result<String, String> {

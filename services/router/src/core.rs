@@ -317,6 +317,12 @@ impl RouterCore {
         self.tracker.get(&self.key(request_id)).is_some()
     }
 
+    /// Where a request routed by `router_id` (this router or a replica) is tracked, if it is.
+    pub fn tracked_worker_of(&self, router_id: &str, request_id: &str) -> Option<WorkerKey> {
+        let key: crate::tracker::ReqKey = (Arc::from(router_id), request_id.to_string());
+        self.tracker.get(&key).map(|request| request.worker)
+    }
+
     /// Parked requests (`dynamo_frontend_router_queue_pending_requests`).
     pub fn queue_len(&self) -> usize {
         self.queue.len()

@@ -12,7 +12,11 @@
 //!   shards later).
 //! * [`RouterConfig`] / [`RouterArgs`] — the typed configuration and its clap flags, named as in
 //!   specs/frontend-flags.md.
-//! * [`SyncEvent`] — tracker changes as events, for replica sync.
+//! * [`SyncEvent`] — tracker changes as events, for replica sync ([`replica_sync`] publishes and
+//!   applies them over the event plane).
+//! * [`fleet`] — workers, load and indexer clients from discovery, for every process that routes.
+//! * [`service`] / [`server`] — the `kvmesh-router` replica serving `kvmesh.v1.Router`;
+//!   [`remote`] is the frontend's client of those replicas.
 
 pub mod args;
 mod busy;
@@ -20,17 +24,24 @@ pub mod config;
 pub mod core;
 pub mod cost;
 pub mod error;
+pub mod fleet;
 pub mod hints;
 mod modes;
 pub mod overlap;
 mod queue;
+pub mod remote;
+pub mod replica_sync;
 pub mod request;
 pub mod rng;
+pub mod routing;
 pub mod select;
+pub mod server;
+pub mod service;
 mod session;
 pub mod shared;
 pub mod sync;
 mod tracker;
+pub mod wire;
 pub mod worker;
 
 pub use args::RouterArgs;
@@ -42,11 +53,13 @@ pub use core::{PreparedRequest, RouterCore};
 pub use cost::{CandidateLoad, CostBreakdown, CostWeights, EffectiveKv, RequestShape, kv_cost};
 pub use error::{DEFAULT_OVERLOAD_STATUS, OVERLOADED_MESSAGE, RouteError};
 pub use overlap::{NoIndex, OverlapSource, build_event_index};
+pub use remote::{RemoteLease, RemoteRouters};
 pub use request::{
     Decision, Dispatched, RouteOutcome, RouteRequest, RouterConfigOverride, RoutingHints,
     TerminalPath, Ticket,
 };
 pub use rng::Rng;
+pub use routing::route_with_index;
 pub use select::{select_index, softmax_probabilities};
 pub use shared::{
     Admission, Clock, ManualClock, MonotonicClock, QueuedRoute, RouteGuard, SharedRouter,

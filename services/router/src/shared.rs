@@ -11,12 +11,12 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use kvmesh_kv::OverlapScores;
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::config::{BusyThresholds, KvRouterConfig, RouterMode};
 use crate::core::{PreparedRequest, RouterCore};
@@ -95,6 +95,8 @@ struct State {
 
 struct Inner {
     state: Mutex<State>,
+    sync_sink: OnceLock<mpsc::Sender<SyncEvent>>,
+    sync_dropped: AtomicU64,
     clock: Arc<dyn Clock>,
     model: String,
     mode: RouterMode,
@@ -138,6 +140,8 @@ impl SharedRouter {
             kv: config.kv,
             source: core.overlap_source().cloned(),
             clock,
+            sync_sink: OnceLock::new(),
+            sync_dropped: AtomicU64::new(0),
             state: Mutex::new(State {
                 core,
                 waiters: HashMap::new(),
@@ -253,9 +257,52 @@ impl SharedRouter {
         self.with_core(|core, now| core.apply_sync_event(event, now));
     }
 
-    /// Tracker changes to publish since the last call.
+    /// Tracker changes to publish since the last call (only without a sync sink: once one is
+    /// attached every change goes to it as it happens).
     pub fn take_sync_events(&self) -> Vec<SyncEvent> {
         self.with_core(|core, _| core.take_sync_events())
+    }
+
+    /// Sends every later tracker change to a channel as it happens (replica sync publishes from
+    /// it). At most one sink; `None` when one is already attached. Changes that do not fit in the
+    /// channel are dropped and counted ([`Self::num_sync_dropped`]): sync is best effort and
+    /// replicas heal lost events by expiry.
+    pub fn attach_sync_sink(&self, capacity: usize) -> Option<mpsc::Receiver<SyncEvent>> {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        self.inner.sync_sink.set(tx).ok()?;
+        Some(rx)
+    }
+
+    /// Publishes a change made on behalf of another replica (a request it routed, reported
+    /// here because it is gone), through the attached sink.
+    pub fn publish_sync(&self, event: SyncEvent) {
+        self.send_sync(std::iter::once(event));
+    }
+
+    /// Tracker changes dropped because the sync channel was full.
+    pub fn num_sync_dropped(&self) -> u64 {
+        self.inner.sync_dropped.load(Ordering::Relaxed)
+    }
+
+    /// The id this router signs its sync events with.
+    pub fn router_id(&self) -> String {
+        self.with_core(|core, _| core.router_id().to_string())
+    }
+
+    /// The model this router routes.
+    pub fn model(&self) -> &str {
+        &self.inner.model
+    }
+
+    fn send_sync(&self, events: impl IntoIterator<Item = SyncEvent>) {
+        let Some(sink) = self.inner.sync_sink.get() else {
+            return;
+        };
+        for event in events {
+            if sink.try_send(event).is_err() {
+                self.inner.sync_dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
     /// The busy thresholds in force (`GET /busy_threshold`).
@@ -335,6 +382,10 @@ impl SharedRouter {
         let mut state = self.lock();
         let now = self.inner.clock.now();
         let result = f(&mut state, now);
+        if self.inner.sync_sink.get().is_some() {
+            let events = state.core.take_sync_events();
+            self.send_sync(events);
+        }
         let mut undelivered = Vec::new();
         for dispatched in state.core.take_dispatched() {
             let waiter = state.waiters.remove(&dispatched.ticket);

@@ -1,0 +1,287 @@
+//! What every process that routes needs from discovery and the event plane: which workers serve
+//! which model, each worker's runtime config, the load workers publish, and the indexer shards of
+//! a namespace. The frontend (in-process routers) and `kvmesh-router` (remote replicas) both build
+//! their per-model routers from these pieces.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt;
+use kvmesh_indexer::client::IndexerClient;
+use kvmesh_proto::v1::{InstanceRecord, ModelCard, ModelRecord};
+use kvmesh_runtime::discovery::{Discovery, WatchEvent};
+use kvmesh_runtime::event_plane::EventPlane;
+use kvmesh_runtime::names;
+use prost::Message as _;
+use tokio_util::sync::CancellationToken;
+
+use crate::shared::SharedRouter;
+use crate::worker::{RuntimeConfig, WorkerInfo, WorkerLoad};
+
+/// Which namespaces a process serves (`--namespace`, `--namespace-prefix`).
+#[derive(Debug, Clone, Default)]
+pub struct NamespaceFilter {
+    /// Exact namespace.
+    pub exact: Option<String>,
+    /// Namespace prefix; wins over `exact`.
+    pub prefix: Option<String>,
+}
+
+impl NamespaceFilter {
+    /// Whether records of `namespace` are served.
+    pub fn accepts(&self, namespace: &str) -> bool {
+        match (&self.prefix, &self.exact) {
+            (Some(prefix), _) => namespace.starts_with(prefix.as_str()),
+            (None, Some(exact)) => namespace == exact,
+            (None, None) => true,
+        }
+    }
+}
+
+/// The instance and model records seen in discovery, as a watch delivers them.
+#[derive(Debug, Default)]
+pub struct DiscoveredRecords {
+    instances: HashMap<String, InstanceRecord>,
+    models: HashMap<String, ModelRecord>,
+}
+
+impl DiscoveredRecords {
+    /// Applies one watch event; records of namespaces `filter` rejects are ignored.
+    pub fn apply(&mut self, event: WatchEvent, filter: &NamespaceFilter) {
+        match event {
+            WatchEvent::Put { key, value } => {
+                if key.contains("/instances/") {
+                    match serde_json::from_slice::<InstanceRecord>(&value) {
+                        Ok(record) if filter.accepts(&record.namespace) => {
+                            self.instances.insert(key, record);
+                        }
+                        Ok(_) => {}
+                        Err(error) => tracing::warn!(%key, %error, "undecodable instance record"),
+                    }
+                } else if key.contains("/models/") {
+                    match serde_json::from_slice::<ModelRecord>(&value) {
+                        Ok(record) if filter.accepts(&record.namespace) => {
+                            self.models.insert(key, record);
+                        }
+                        Ok(_) => {}
+                        Err(error) => tracing::warn!(%key, %error, "undecodable model record"),
+                    }
+                }
+            }
+            WatchEvent::Delete { key } => {
+                self.instances.remove(&key);
+                self.models.remove(&key);
+            }
+        }
+    }
+
+    /// Every model with the workers serving it: a worker serves a model once both its instance
+    /// record and its model record are present.
+    pub fn serving(&self) -> HashMap<String, Vec<(&ModelRecord, &InstanceRecord)>> {
+        let instances: HashMap<(&str, u64), &InstanceRecord> = self
+            .instances
+            .values()
+            .map(|record| ((record.namespace.as_str(), record.instance_id), record))
+            .collect();
+        let mut serving: HashMap<String, Vec<(&ModelRecord, &InstanceRecord)>> = HashMap::new();
+        for record in self.models.values() {
+            if let Some(instance) = instances.get(&(record.namespace.as_str(), record.instance_id))
+            {
+                serving
+                    .entry(record.model.clone())
+                    .or_default()
+                    .push((record, instance));
+            }
+        }
+        for workers in serving.values_mut() {
+            workers.sort_by_key(|(_, instance)| instance.instance_id);
+        }
+        serving
+    }
+}
+
+/// The router's view of a discovered worker: its device and the runtime config of its card.
+pub fn worker_info(instance: &InstanceRecord, card: Option<&ModelCard>) -> WorkerInfo {
+    let runtime = card
+        .and_then(|card| card.runtime_config.as_ref())
+        .map(|rc| RuntimeConfig {
+            total_kv_blocks: rc.total_kv_blocks,
+            max_num_batched_tokens: rc.max_num_batched_tokens,
+            data_parallel_start_rank: rc.data_parallel_start_rank,
+            data_parallel_size: rc.data_parallel_size,
+        });
+    WorkerInfo {
+        worker_id: instance.instance_id,
+        device_type: if instance.device_type.is_empty() {
+            "cuda".to_string()
+        } else {
+            instance.device_type.clone()
+        },
+        runtime,
+    }
+}
+
+/// Feeds the load workers publish for `model` into its router until aborted.
+pub fn spawn_load_feed(
+    events: Arc<dyn EventPlane>,
+    namespace: String,
+    model: String,
+    router: SharedRouter,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let subject = names::load_subject(&namespace, &model);
+        let mut subscription = match events.subscribe(&subject).await {
+            Ok(subscription) => subscription,
+            Err(error) => {
+                tracing::warn!(%subject, %error, "cannot subscribe to worker load");
+                return;
+            }
+        };
+        while let Some(message) = subscription.next().await {
+            match kvmesh_proto::v1::WorkerLoad::decode(message.payload) {
+                Ok(load) => router.update_load(WorkerLoad {
+                    worker: kvmesh_kv::WorkerKey::new(load.worker_id, load.dp_rank),
+                    kv_used_blocks: load.kv_used_blocks,
+                    kv_total_blocks: load.kv_total_blocks,
+                    num_running: load.num_running,
+                    num_waiting: load.num_waiting,
+                    waiting_prefill_tokens: load.waiting_prefill_tokens,
+                }),
+                Err(error) => tracing::debug!(%subject, %error, "undecodable worker load"),
+            }
+        }
+    })
+}
+
+/// Indexer clients by namespace, connected on first use and kept for the owner's life.
+pub struct IndexerClients {
+    discovery: Arc<dyn Discovery>,
+    kv_partitions: u32,
+    timeout: Duration,
+    clients: HashMap<String, IndexerClient>,
+}
+
+impl IndexerClients {
+    /// Clients that find indexer replicas through `discovery`.
+    pub fn new(discovery: Arc<dyn Discovery>, kv_partitions: u32, timeout: Duration) -> Self {
+        Self {
+            discovery,
+            kv_partitions,
+            timeout,
+            clients: HashMap::new(),
+        }
+    }
+
+    /// The client of `namespace`'s shards; `None` (routing without overlap) when discovery
+    /// cannot be watched.
+    pub async fn get(
+        &mut self,
+        namespace: &str,
+        shutdown: &CancellationToken,
+    ) -> Option<IndexerClient> {
+        if let Some(client) = self.clients.get(namespace) {
+            return Some(client.clone());
+        }
+        match IndexerClient::connect(
+            self.discovery.clone(),
+            namespace,
+            self.kv_partitions,
+            self.timeout,
+            shutdown.child_token(),
+        )
+        .await
+        {
+            Ok(client) => {
+                self.clients.insert(namespace.to_string(), client.clone());
+                Some(client)
+            }
+            Err(error) => {
+                tracing::warn!(%namespace, %error, "cannot watch indexer replicas; routing without overlap");
+                None
+            }
+        }
+    }
+}
+
+/// A seed for a router's RNG that differs between processes and restarts.
+pub fn seed_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+        ^ u64::from(std::process::id()).rotate_left(32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(key: &str, value: &impl serde::Serialize) -> WatchEvent {
+        WatchEvent::Put {
+            key: key.to_string(),
+            value: serde_json::to_vec(value).unwrap_or_default().into(),
+        }
+    }
+
+    #[test]
+    fn a_worker_serves_once_both_records_exist() {
+        let filter = NamespaceFilter::default();
+        let mut records = DiscoveredRecords::default();
+        let instance = InstanceRecord {
+            namespace: "ns".into(),
+            instance_id: 7,
+            ..Default::default()
+        };
+        let model = ModelRecord {
+            namespace: "ns".into(),
+            model: "m".into(),
+            instance_id: 7,
+            ..Default::default()
+        };
+        records.apply(put("/kvmesh/ns/models/m/7", &model), &filter);
+        assert!(records.serving().is_empty());
+        records.apply(
+            put("/kvmesh/ns/instances/backend/generate/7", &instance),
+            &filter,
+        );
+        assert_eq!(records.serving().get("m").map(Vec::len), Some(1));
+        records.apply(
+            WatchEvent::Delete {
+                key: "/kvmesh/ns/instances/backend/generate/7".into(),
+            },
+            &filter,
+        );
+        assert!(records.serving().is_empty());
+    }
+
+    #[test]
+    fn other_namespaces_are_ignored() {
+        let filter = NamespaceFilter {
+            exact: Some("mine".into()),
+            prefix: None,
+        };
+        let mut records = DiscoveredRecords::default();
+        for ns in ["mine", "other"] {
+            let instance = InstanceRecord {
+                namespace: ns.into(),
+                instance_id: 1,
+                ..Default::default()
+            };
+            let model = ModelRecord {
+                namespace: ns.into(),
+                model: format!("m-{ns}"),
+                instance_id: 1,
+                ..Default::default()
+            };
+            records.apply(
+                put(&format!("/kvmesh/{ns}/instances/b/g/1"), &instance),
+                &filter,
+            );
+            records.apply(put(&format!("/kvmesh/{ns}/models/m/1"), &model), &filter);
+        }
+        let serving = records.serving();
+        assert!(serving.contains_key("m-mine"));
+        assert!(!serving.contains_key("m-other"));
+    }
+}

@@ -1,0 +1,15 @@
+//! `kvmesh-router`: one router replica serving `kvmesh.v1.Router`.
+
+use kvmesh_router::server::RouterServiceOpts;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let opts: RouterServiceOpts =
+        kvmesh_runtime::config::parse_args(|o: &RouterServiceOpts| &o.runtime);
+    if let Err(error) = opts.router.to_config() {
+        kvmesh_runtime::config::exit_config_error(&error.to_string());
+    }
+    kvmesh_runtime::telemetry::init_tracing(opts.runtime.log_format);
+    let shutdown = kvmesh_runtime::shutdown::signal_token();
+    kvmesh_router::server::run(opts, None, shutdown).await
+}

@@ -1,0 +1,286 @@
+//! The client of remote router replicas (`kvmesh-router`), for a frontend that routes through
+//! them: replicas found in discovery, `Route` with failover to another replica, and the
+//! request's life reported back through a [`RemoteLease`] that, like a local guard, releases
+//! the request on every terminal path, drop included.
+//!
+//! A replica that dies after deciding does not fail the request: the caller talks to the worker
+//! itself, and its reports go to another replica, which frees the copy replica sync gave it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use futures::StreamExt;
+use kvmesh_proto::v1 as pb;
+use kvmesh_proto::v1::router_client::RouterClient;
+use kvmesh_runtime::discovery::{Discovery, WatchEvent};
+use kvmesh_runtime::names;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::RouteError;
+use crate::request::{Decision, RouteRequest, TerminalPath};
+use crate::wire;
+
+/// Discovery component of router replicas.
+pub const ROUTER_COMPONENT: &str = "router";
+/// Discovery endpoint of router replicas.
+pub const ROUTER_ENDPOINT: &str = "route";
+
+#[derive(Clone)]
+struct Replica {
+    instance_id: u64,
+    client: RouterClient<tonic::transport::Channel>,
+}
+
+struct Inner {
+    replicas: ArcSwap<Vec<Replica>>,
+    next: AtomicUsize,
+    timeout: Duration,
+}
+
+/// The router replicas of one namespace, kept current from discovery. Cloning is cheap.
+#[derive(Clone)]
+pub struct RemoteRouters {
+    inner: Arc<Inner>,
+}
+
+impl RemoteRouters {
+    /// Watches `namespace`'s router replicas until `shutdown`. `timeout` bounds one `Report`
+    /// and the connection to a replica; `Route` may wait longer when the request queues.
+    pub async fn connect(
+        discovery: Arc<dyn Discovery>,
+        namespace: &str,
+        timeout: Duration,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<Self> {
+        let inner = Arc::new(Inner {
+            replicas: ArcSwap::from_pointee(Vec::new()),
+            next: AtomicUsize::new(0),
+            timeout,
+        });
+        let prefix = format!(
+            "{}{ROUTER_COMPONENT}/{ROUTER_ENDPOINT}/",
+            names::instances_prefix(Some(namespace))
+        );
+        let mut watch = discovery.watch(&prefix).await?;
+        let watcher = inner.clone();
+        tokio::spawn(async move {
+            let mut known: BTreeMap<String, Replica> = BTreeMap::new();
+            loop {
+                let event = tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    event = watch.next() => event,
+                };
+                match event {
+                    Some(WatchEvent::Put { key, value }) => {
+                        match serde_json::from_slice::<pb::InstanceRecord>(&value) {
+                            Ok(record) => match replica_of(&record, timeout) {
+                                Ok(replica) => {
+                                    known.insert(key, replica);
+                                }
+                                Err(error) => {
+                                    tracing::warn!(%key, %error, "unusable router address")
+                                }
+                            },
+                            Err(error) => tracing::warn!(%key, %error, "undecodable router record"),
+                        }
+                    }
+                    Some(WatchEvent::Delete { key }) => {
+                        known.remove(&key);
+                    }
+                    None => return,
+                }
+                watcher
+                    .replicas
+                    .store(Arc::new(known.values().cloned().collect()));
+            }
+        });
+        Ok(Self { inner })
+    }
+
+    /// Replicas currently known.
+    pub fn num_replicas(&self) -> usize {
+        self.inner.replicas.load().len()
+    }
+
+    /// Routes `request` through one replica, trying the others when a replica fails (not when it
+    /// answers with a routing error such as overloaded, which every replica would repeat).
+    pub async fn route(
+        &self,
+        model: &str,
+        request: &RouteRequest<'_>,
+    ) -> Result<RemoteLease, RouteError> {
+        let replicas = self.inner.replicas.load_full();
+        if replicas.is_empty() {
+            return Err(RouteError::Unreachable(
+                "no router replica registered".into(),
+            ));
+        }
+        let wire_request = pb::RouteRequest {
+            model: model.to_string(),
+            request_id: request.request_id.clone(),
+            token_ids: request.token_ids.to_vec(),
+            lora_name: request.lora_name.unwrap_or_default().to_string(),
+            cache_salt: request.cache_salt.unwrap_or_default().to_string(),
+            hints: Some(wire::hints_to_proto(&request.hints)),
+            allowed_worker_ids: request.hints.allowed_worker_ids.clone().unwrap_or_default(),
+            session_bind_ttl_secs: request
+                .hints
+                .session_bind_ttl
+                .map_or(0, |ttl| u32::try_from(ttl.as_secs()).unwrap_or(u32::MAX)),
+            config_override: request
+                .hints
+                .config_override
+                .as_ref()
+                .map(wire::override_to_proto),
+        };
+        let start = self.inner.next.fetch_add(1, Ordering::Relaxed);
+        let mut last_failure = String::new();
+        for attempt in 0..replicas.len() {
+            let replica = &replicas[(start + attempt) % replicas.len()];
+            let mut client = replica.client.clone();
+            match client.route(wire_request.clone()).await {
+                Ok(response) => {
+                    let response = response.into_inner();
+                    return Ok(RemoteLease {
+                        routers: self.clone(),
+                        model: model.to_string(),
+                        decision: wire::decision_from_proto(&request.request_id, &response),
+                        router_id: response.router_id,
+                        replica: replica.instance_id,
+                        is_armed: true,
+                    });
+                }
+                Err(status) => match RouteError::from_status(&status) {
+                    Some(error) => return Err(error),
+                    None => {
+                        tracing::warn!(replica = %format!("{:x}", replica.instance_id), %status, "router replica failed, trying another");
+                        last_failure = status.message().to_string();
+                    }
+                },
+            }
+        }
+        Err(RouteError::Unreachable(last_failure))
+    }
+
+    /// Sends a report to the replica that decided, then to the others until one takes it.
+    async fn report(&self, decided_by: u64, report: pb::ReportRequest) {
+        let replicas = self.inner.replicas.load_full();
+        let ordered = replicas
+            .iter()
+            .filter(|r| r.instance_id == decided_by)
+            .chain(replicas.iter().filter(|r| r.instance_id != decided_by));
+        for replica in ordered {
+            let mut client = replica.client.clone();
+            let mut call = tonic::Request::new(report.clone());
+            call.set_timeout(self.inner.timeout);
+            match tokio::time::timeout(self.inner.timeout, client.report(call)).await {
+                Ok(Ok(_)) => return,
+                Ok(Err(status)) => {
+                    tracing::debug!(replica = %format!("{:x}", replica.instance_id), %status, "router report failed")
+                }
+                Err(_) => {
+                    tracing::debug!(replica = %format!("{:x}", replica.instance_id), "router report timed out")
+                }
+            }
+        }
+    }
+}
+
+fn replica_of(record: &pb::InstanceRecord, timeout: Duration) -> anyhow::Result<Replica> {
+    let uri = if record.address.contains("://") {
+        record.address.clone()
+    } else {
+        format!("http://{}", record.address)
+    };
+    let channel = tonic::transport::Endpoint::from_shared(uri)?
+        .connect_timeout(timeout)
+        .tcp_nodelay(true)
+        .connect_lazy();
+    Ok(Replica {
+        instance_id: record.instance_id,
+        client: RouterClient::new(channel),
+    })
+}
+
+/// A request routed by a remote replica: the decision, and the duty to report the request's
+/// life. Reports are sent in the background; a lease dropped without [`Self::finish`] reports
+/// the request as disconnected.
+pub struct RemoteLease {
+    routers: RemoteRouters,
+    model: String,
+    decision: Decision,
+    router_id: String,
+    replica: u64,
+    is_armed: bool,
+}
+
+impl std::fmt::Debug for RemoteLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteLease")
+            .field("decision", &self.decision)
+            .field("router_id", &self.router_id)
+            .finish()
+    }
+}
+
+impl RemoteLease {
+    /// Where the request goes.
+    pub fn decision(&self) -> &Decision {
+        &self.decision
+    }
+
+    /// The replica that decided.
+    pub fn router_id(&self) -> &str {
+        &self.router_id
+    }
+
+    /// The first token arrived.
+    pub fn first_token(&self) {
+        self.send(true, 0, None);
+    }
+
+    /// More tokens were generated (the first report also marks the first token).
+    pub fn add_output_tokens(&self, num_tokens: u64, is_first: bool) {
+        self.send(
+            is_first,
+            u32::try_from(num_tokens).unwrap_or(u32::MAX),
+            None,
+        );
+    }
+
+    /// Ends the request by `path`.
+    pub fn finish(mut self, path: TerminalPath) {
+        self.is_armed = false;
+        self.send(false, 0, Some(path));
+    }
+
+    fn send(&self, first_token: bool, output_tokens: u32, terminal: Option<TerminalPath>) {
+        let report = pb::ReportRequest {
+            model: self.model.clone(),
+            request_id: self.decision.request_id.clone(),
+            router_id: self.router_id.clone(),
+            first_token,
+            output_tokens,
+            terminal: terminal.map_or(pb::TerminalPath::Unspecified, wire::terminal_to_proto)
+                as i32,
+        };
+        let routers = self.routers.clone();
+        let replica = self.replica;
+        // Outside a runtime (process teardown) the report is lost and expiry frees the request.
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move { routers.report(replica, report).await });
+        }
+    }
+}
+
+impl Drop for RemoteLease {
+    fn drop(&mut self) {
+        if self.is_armed {
+            self.is_armed = false;
+            self.send(false, 0, Some(TerminalPath::Disconnected));
+        }
+    }
+}

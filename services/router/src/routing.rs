@@ -1,0 +1,30 @@
+//! One routing decision against a model's router and its index: hash the prompt, read the
+//! overlap from the indexer shards when the decision needs it, then score and track. Shared by
+//! the frontend's in-process routers and the `kvmesh-router` service so both decide alike.
+
+use kvmesh_indexer::client::IndexerClient;
+
+use crate::error::RouteError;
+use crate::request::RouteRequest;
+use crate::shared::{RouteGuard, SharedRouter};
+
+/// Routes `request` with `router`, reading overlap from `indexer` (remote shards) when one is
+/// given and the decision needs it; otherwise the router's attached source, if any, is used.
+/// Waits in the queue when the request parks; dropping the future leaves the queue.
+pub async fn route_with_index(
+    router: &SharedRouter,
+    indexer: Option<&IndexerClient>,
+    request: &RouteRequest<'_>,
+) -> Result<RouteGuard, RouteError> {
+    let prepared = router.prepare(request);
+    let primary = match indexer {
+        Some(indexer) if router.needs_overlap(&prepared) => Some(
+            indexer
+                .find_matches(router.model(), &prepared.local_hashes)
+                .await
+                .scores,
+        ),
+        _ => None,
+    };
+    router.route_prepared(prepared, primary).await
+}

@@ -1,0 +1,195 @@
+//! The `kvmesh-router` process: options, wiring and lifecycle of one router replica.
+//!
+//! It watches discovery for the namespace's workers, serves `kvmesh.v1.Router` on
+//! `DYN_TCP_RPC_HOST:DYN_TCP_RPC_PORT`, and registers as `router/route` once serving so frontends
+//! find it; on SIGTERM it unregisters first, then stops.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use arc_swap::ArcSwap;
+use clap::Parser;
+use kvmesh_proto::v1::InstanceRecord;
+use kvmesh_proto::v1::router_server::RouterServer;
+use kvmesh_runtime::config::RuntimeOpts;
+use kvmesh_runtime::connect::{self, Embedded};
+use kvmesh_runtime::discovery::Discovery;
+use kvmesh_runtime::names;
+use kvmesh_runtime::worker_client::GrpcSettings;
+use tokio_util::sync::CancellationToken;
+
+use crate::args::RouterArgs;
+use crate::fleet::{IndexerClients, NamespaceFilter};
+use crate::remote::{ROUTER_COMPONENT, ROUTER_ENDPOINT};
+use crate::service::{FleetConfig, RoutedTable, RouterService, watch_models};
+
+/// Options of `kvmesh-router`.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "kvmesh-router",
+    version,
+    about = "KV-aware router replica for kvmesh"
+)]
+pub struct RouterServiceOpts {
+    /// Discovery, event plane, gRPC bind, logging.
+    #[command(flatten)]
+    pub runtime: RuntimeOpts,
+
+    /// Namespace whose workers this replica routes (and where it registers).
+    #[arg(long, env = "DYN_NAMESPACE", default_value = "dynamo")]
+    pub namespace: String,
+
+    /// Tokens per KV block, overriding the workers' cards.
+    #[arg(long, env = "DYN_KV_CACHE_BLOCK_SIZE", value_parser = clap::value_parser!(u32).range(1..))]
+    pub kv_cache_block_size: Option<u32>,
+
+    /// Every routing flag of the frontend.
+    #[command(flatten)]
+    pub router: RouterArgs,
+
+    /// Deadline of one indexer shard query, in milliseconds.
+    #[arg(long, env = "KVMESH_INDEXER_QUERY_TIMEOUT_MS", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    pub indexer_query_timeout_ms: u64,
+}
+
+/// Runs one router replica until `shutdown`.
+pub async fn run(
+    opts: RouterServiceOpts,
+    embedded: Option<Embedded>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let router_config = opts.router.to_config().map_err(|e| anyhow::anyhow!(e))?;
+    let discovery = connect::discovery(&opts.runtime, embedded.as_ref()).await?;
+    let events = connect::event_plane(&opts.runtime, embedded.as_ref()).await?;
+    let table: RoutedTable = Arc::new(ArcSwap::from_pointee(HashMap::new()));
+    let tasks_shutdown = shutdown.child_token();
+    let mut tasks = tokio::task::JoinSet::new();
+    let fleet = FleetConfig {
+        namespaces: NamespaceFilter {
+            exact: Some(opts.namespace.clone()),
+            prefix: None,
+        },
+        router: router_config,
+        kv_cache_block_size: opts.kv_cache_block_size,
+        events: events.clone(),
+        discovery: discovery.clone(),
+        indexers: IndexerClients::new(
+            discovery.clone(),
+            opts.runtime.kv_partitions,
+            Duration::from_millis(opts.indexer_query_timeout_ms),
+        ),
+        grpc: GrpcSettings::default(),
+        router_id: format!("{:x}", discovery.instance_id()),
+    };
+    tasks.spawn(watch_models(table.clone(), fleet, tasks_shutdown.clone()));
+
+    let bind: SocketAddr = format!(
+        "{}:{}",
+        opts.runtime.tcp_rpc_host, opts.runtime.tcp_rpc_port
+    )
+    .parse()
+    .with_context(|| format!("--tcp-rpc-host {}", opts.runtime.tcp_rpc_host))?;
+    let listener = tokio::net::TcpListener::bind(bind)
+        .await
+        .with_context(|| format!("bind router gRPC on {bind}"))?;
+    let address = listener.local_addr()?;
+    let service = RouterService::new(table);
+    {
+        let stop = tasks_shutdown.clone();
+        tasks.spawn(async move {
+            tonic::transport::Server::builder()
+                .tcp_nodelay(true)
+                .add_service(RouterServer::new(service))
+                .serve_with_incoming_shutdown(
+                    kvmesh_runtime::net::nodelay_incoming(listener),
+                    stop.cancelled_owned(),
+                )
+                .await
+                .map_err(anyhow::Error::from)
+        });
+    }
+    register(discovery.as_ref(), &opts.namespace, &address.to_string()).await?;
+    tracing::info!(%address, namespace = %opts.namespace, "router replica serving");
+
+    let lease_lost = discovery.lease_lost();
+    let result = tokio::select! {
+        biased;
+        _ = shutdown.cancelled() => Ok(()),
+        _ = lease_lost.cancelled() => Err(anyhow::anyhow!("discovery lease lost")),
+        Some(result) = tasks.join_next() => {
+            if shutdown.is_cancelled() {
+                Ok(())
+            } else {
+                Err(match result {
+                    Ok(Ok(())) => anyhow::anyhow!("a router task stopped"),
+                    Ok(Err(error)) => error,
+                    Err(error) => anyhow::anyhow!("a router task failed: {error}"),
+                })
+            }
+        }
+    };
+    if let Err(error) = discovery.revoke().await {
+        tracing::warn!(%error, "unregister failed");
+    }
+    tasks_shutdown.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(3), async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    result
+}
+
+async fn register(discovery: &dyn Discovery, namespace: &str, address: &str) -> anyhow::Result<()> {
+    let instance_id = discovery.instance_id();
+    let record = InstanceRecord {
+        namespace: namespace.to_string(),
+        component: ROUTER_COMPONENT.to_string(),
+        endpoint: ROUTER_ENDPOINT.to_string(),
+        instance_id,
+        address: address.to_string(),
+        transport: "grpc".to_string(),
+        device_type: "cpu".to_string(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        started_at_ms: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
+        ..Default::default()
+    };
+    let key = names::instance_key(namespace, ROUTER_COMPONENT, ROUTER_ENDPOINT, instance_id);
+    discovery
+        .put(&key, serde_json::to_vec(&record)?.into())
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn env_names_are_unique() {
+        kvmesh_runtime::config::check_unique_env(&RouterServiceOpts::command())
+            .map_err(|e| e.to_string())
+            .unwrap();
+    }
+
+    #[test]
+    fn routing_flags_change_the_config() {
+        let opts = RouterServiceOpts::try_parse_from([
+            "kvmesh-router",
+            "--router-mode",
+            "kv",
+            "--router-replica-sync",
+        ])
+        .unwrap();
+        let config = opts.router.to_config().unwrap();
+        assert_eq!(config.mode, crate::RouterMode::Kv);
+        assert!(config.replica_sync);
+    }
+}

@@ -1,0 +1,570 @@
+//! The `kvmesh.v1.Router` gRPC service of a `kvmesh-router` replica: a router per discovered model
+//! (workers from discovery, load from the event plane, overlap from the indexer shards, optional
+//! replica sync), answering `Route`, proxying `Generate`, and taking `Report`s of requests whose
+//! callers talk to the worker themselves.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use futures::StreamExt;
+use kvmesh_indexer::client::IndexerClient;
+use kvmesh_proto::v1 as pb;
+use kvmesh_proto::v1::router_server::Router;
+use kvmesh_runtime::discovery::Discovery;
+use kvmesh_runtime::event_plane::EventPlane;
+use kvmesh_runtime::worker_client::{GrpcSettings, WorkerEndpoint, connect_worker};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use crate::config::RouterConfig;
+use crate::core::RouterCore;
+use crate::error::RouteError;
+use crate::fleet::{self, DiscoveredRecords, IndexerClients, NamespaceFilter};
+use crate::request::{RouteRequest, TerminalPath};
+use crate::routing::route_with_index;
+use crate::shared::{MonotonicClock, RouteGuard, SharedRouter};
+use crate::sync::{SyncEvent, SyncKind};
+use crate::wire;
+
+/// One model as this replica routes it.
+pub struct RoutedModel {
+    /// Served model name.
+    pub name: String,
+    /// Namespace its workers registered in.
+    pub namespace: String,
+    /// Its router.
+    pub router: SharedRouter,
+    /// Its namespace's indexer shards (kv mode with events).
+    pub indexer: Option<IndexerClient>,
+    /// Its workers, for `Generate`.
+    pub workers: BTreeMap<u64, Arc<dyn WorkerEndpoint>>,
+}
+
+/// The models this replica routes, read lock-free by every call.
+pub type RoutedTable = Arc<ArcSwap<HashMap<String, Arc<RoutedModel>>>>;
+
+/// What the model watcher needs.
+pub struct FleetConfig {
+    /// Namespaces served.
+    pub namespaces: NamespaceFilter,
+    /// Configuration of every model's router.
+    pub router: RouterConfig,
+    /// `--kv-cache-block-size` override.
+    pub kv_cache_block_size: Option<u32>,
+    /// Worker load, KV events and replica sync.
+    pub events: Arc<dyn EventPlane>,
+    /// Discovery (workers, indexer replicas).
+    pub discovery: Arc<dyn Discovery>,
+    /// Indexer clients of the namespaces.
+    pub indexers: IndexerClients,
+    /// gRPC settings of worker connections.
+    pub grpc: GrpcSettings,
+    /// Prefix of every router id this replica signs sync events with.
+    pub router_id: String,
+}
+
+impl FleetConfig {
+    fn uses_indexer(&self) -> bool {
+        self.router.mode == crate::RouterMode::Kv
+            && self.router.kv.use_kv_events
+            && self.router.kv.overlap_score_credit > 0.0
+    }
+}
+
+struct ModelState {
+    namespace: String,
+    router: SharedRouter,
+    indexer: Option<IndexerClient>,
+    workers: BTreeMap<u64, Arc<dyn WorkerEndpoint>>,
+    load_task: tokio::task::JoinHandle<()>,
+    sync_stop: CancellationToken,
+}
+
+impl Drop for ModelState {
+    fn drop(&mut self) {
+        self.load_task.abort();
+        self.sync_stop.cancel();
+    }
+}
+
+/// Watches discovery and keeps `table` current until `shutdown`: a router per model with
+/// workers; a model whose last worker left is dropped (its tracked load is gone with them).
+pub async fn watch_models(
+    table: RoutedTable,
+    mut config: FleetConfig,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let mut stream = config.discovery.watch("/kvmesh/").await?;
+    let mut records = DiscoveredRecords::default();
+    let mut models: HashMap<String, ModelState> = HashMap::new();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            _ = tick.tick() => {
+                for state in models.values() {
+                    state.router.tick();
+                }
+            }
+            event = stream.next() => {
+                let Some(event) = event else {
+                    anyhow::bail!("discovery watch ended");
+                };
+                records.apply(event, &config.namespaces);
+                reconcile(&records, &mut models, &mut config, &shutdown).await;
+                publish(&table, &models);
+            }
+        }
+    }
+}
+
+async fn reconcile(
+    records: &DiscoveredRecords,
+    models: &mut HashMap<String, ModelState>,
+    config: &mut FleetConfig,
+    shutdown: &CancellationToken,
+) {
+    let serving = records.serving();
+    models.retain(|name, _| {
+        let keep = serving.contains_key(name);
+        if !keep {
+            tracing::info!(model = %name, "model removed: no workers");
+        }
+        keep
+    });
+    for (name, workers) in &serving {
+        let Some((first, _)) = workers.first() else {
+            continue;
+        };
+        if !models.contains_key(name) {
+            let card = first.card.clone().unwrap_or_default();
+            let block_size = config
+                .kv_cache_block_size
+                .unwrap_or(card.kv_cache_block_size)
+                .max(1);
+            let core = match RouterCore::new(
+                config.router.clone(),
+                name.clone(),
+                block_size,
+                fleet::seed_now(),
+            ) {
+                Ok(core) => core.with_router_id(format!("{}-{name}", config.router_id)),
+                Err(error) => {
+                    tracing::error!(model = %name, %error, "cannot build the router");
+                    continue;
+                }
+            };
+            let router = SharedRouter::new(core, Arc::new(MonotonicClock::new()));
+            let indexer = if config.uses_indexer() {
+                config.indexers.get(&first.namespace, shutdown).await
+            } else {
+                None
+            };
+            let sync_stop = shutdown.child_token();
+            if config.router.replica_sync
+                && let Err(error) = crate::replica_sync::start(
+                    config.events.clone(),
+                    &first.namespace,
+                    router.clone(),
+                    sync_stop.clone(),
+                )
+                .await
+            {
+                tracing::warn!(model = %name, %error, "replica sync unavailable");
+            }
+            let load_task = fleet::spawn_load_feed(
+                config.events.clone(),
+                first.namespace.clone(),
+                name.clone(),
+                router.clone(),
+            );
+            tracing::info!(model = %name, block_size, "model added");
+            models.insert(
+                name.clone(),
+                ModelState {
+                    namespace: first.namespace.clone(),
+                    router,
+                    indexer,
+                    workers: BTreeMap::new(),
+                    load_task,
+                    sync_stop,
+                },
+            );
+        }
+        let Some(state) = models.get_mut(name) else {
+            continue;
+        };
+        let mut next = BTreeMap::new();
+        for (record, instance) in workers {
+            let id = instance.instance_id;
+            let endpoint = match state.workers.get(&id) {
+                Some(existing) => existing.clone(),
+                None => match connect_worker(&instance.address, &config.grpc) {
+                    Ok(endpoint) => {
+                        tracing::info!(model = %name, worker_id = %format!("{id:x}"), "worker added");
+                        endpoint
+                    }
+                    Err(error) => {
+                        tracing::warn!(worker_id = %format!("{id:x}"), %error, "cannot reach worker");
+                        continue;
+                    }
+                },
+            };
+            // Re-upserting applies card changes (runtime config) seen after the first sight.
+            state
+                .router
+                .upsert_worker(fleet::worker_info(instance, record.card.as_ref()));
+            next.insert(id, endpoint);
+        }
+        for id in state.workers.keys() {
+            if !next.contains_key(id) {
+                tracing::info!(model = %name, worker_id = %format!("{id:x}"), "worker removed");
+                state.router.remove_worker(*id);
+            }
+        }
+        state.workers = next;
+    }
+}
+
+fn publish(table: &RoutedTable, models: &HashMap<String, ModelState>) {
+    let next = models
+        .iter()
+        .map(|(name, state)| {
+            let model = RoutedModel {
+                name: name.clone(),
+                namespace: state.namespace.clone(),
+                router: state.router.clone(),
+                indexer: state.indexer.clone(),
+                workers: state.workers.clone(),
+            };
+            (name.clone(), Arc::new(model))
+        })
+        .collect();
+    table.store(Arc::new(next));
+}
+
+/// Counters of one replica, for its metrics endpoint and tests.
+#[derive(Debug, Default)]
+pub struct ServiceCounters {
+    /// `Route` and `Generate` decisions made.
+    pub routed: AtomicU64,
+    /// Decisions refused (no endpoint, overloaded, bad request, unknown model).
+    pub rejected: AtomicU64,
+    /// `Report`s received.
+    pub reports: AtomicU64,
+}
+
+/// The gRPC service.
+#[derive(Clone)]
+pub struct RouterService {
+    table: RoutedTable,
+    counters: Arc<ServiceCounters>,
+}
+
+impl RouterService {
+    /// Serves the models of `table`.
+    pub fn new(table: RoutedTable) -> Self {
+        Self {
+            table,
+            counters: Arc::default(),
+        }
+    }
+
+    /// The replica's counters.
+    pub fn counters(&self) -> Arc<ServiceCounters> {
+        self.counters.clone()
+    }
+
+    fn model(&self, name: &str) -> Result<Arc<RoutedModel>, RouteError> {
+        self.table
+            .load()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| RouteError::UnknownModel(name.to_string()))
+    }
+
+    fn count<T>(&self, result: &Result<T, RouteError>) {
+        let counter = match result {
+            Ok(_) => &self.counters.routed,
+            Err(_) => &self.counters.rejected,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Rejects what the router cannot route, before any lock is taken.
+fn validate(model: &str, request_id: &str, token_ids: &[u32]) -> Result<(), RouteError> {
+    if model.is_empty() {
+        return Err(RouteError::BadRequest("model is required".into()));
+    }
+    if request_id.is_empty() {
+        return Err(RouteError::BadRequest("request_id is required".into()));
+    }
+    if token_ids.is_empty() {
+        return Err(RouteError::BadRequest("token_ids must not be empty".into()));
+    }
+    Ok(())
+}
+
+/// How many workers one `Generate` tries when the earlier ones are unreachable.
+const MAX_START_ATTEMPTS: usize = 3;
+
+#[tonic::async_trait]
+impl Router for RouterService {
+    async fn route(
+        &self,
+        request: Request<pb::RouteRequest>,
+    ) -> Result<Response<pb::RouteResponse>, Status> {
+        let request = request.into_inner();
+        let result = async {
+            validate(&request.model, &request.request_id, &request.token_ids)?;
+            let model = self.model(&request.model)?;
+            let hints = wire::hints_from_proto(
+                request.hints.as_ref(),
+                &request.allowed_worker_ids,
+                request.session_bind_ttl_secs,
+                request.config_override.as_ref(),
+            );
+            let route_request = RouteRequest {
+                request_id: request.request_id.clone(),
+                token_ids: &request.token_ids,
+                lora_name: (!request.lora_name.is_empty()).then_some(request.lora_name.as_str()),
+                cache_salt: (!request.cache_salt.is_empty()).then_some(request.cache_salt.as_str()),
+                hints,
+            };
+            let guard =
+                route_with_index(&model.router, model.indexer.as_ref(), &route_request).await?;
+            // From here the caller reports the request's life (or expiry frees it).
+            let decision = guard.detach();
+            Ok(wire::decision_to_proto(
+                &decision,
+                &model.router.router_id(),
+            ))
+        }
+        .await;
+        self.count(&result);
+        result.map(Response::new).map_err(|error| error.to_status())
+    }
+
+    type GenerateStream = std::pin::Pin<
+        Box<dyn futures::Stream<Item = Result<pb::GenerateResponse, Status>> + Send + 'static>,
+    >;
+
+    async fn generate(
+        &self,
+        request: Request<pb::RoutedGenerateRequest>,
+    ) -> Result<Response<Self::GenerateStream>, Status> {
+        let mut routed = request.into_inner();
+        let Some(generate) = routed.request.take() else {
+            return Err(RouteError::BadRequest("request is required".into()).to_status());
+        };
+        let started = self.start_generate(generate, &routed).await;
+        self.count(&started);
+        let (guard, stream) = started.map_err(|error| error.to_status())?;
+        Ok(Response::new(proxy(guard, stream).boxed()))
+    }
+
+    async fn report(
+        &self,
+        request: Request<pb::ReportRequest>,
+    ) -> Result<Response<pb::ReportResponse>, Status> {
+        let report = request.into_inner();
+        self.counters.reports.fetch_add(1, Ordering::Relaxed);
+        let model = self.model(&report.model).map_err(|e| e.to_status())?;
+        let router = &model.router;
+        let own_id = router.router_id();
+        let terminal = wire::terminal_from_proto(report.terminal);
+        if report.router_id.is_empty() || report.router_id == own_id {
+            if report.first_token {
+                router.mark_prefill_done(&report.request_id);
+            }
+            if report.output_tokens > 0 && router.tracks_output_tokens() {
+                router.add_output_tokens(&report.request_id, u64::from(report.output_tokens));
+            }
+            let tracked = match terminal {
+                Some(path) => router.free(&report.request_id, path),
+                None => true,
+            };
+            return Ok(Response::new(pb::ReportResponse { tracked }));
+        }
+        // Routed by another replica that the caller could not reach: apply the change to the
+        // copy replica sync gave this one, and pass it on to the rest.
+        let kind = match (terminal, report.first_token) {
+            (Some(_), _) => SyncKind::Free,
+            (None, true) => SyncKind::MarkPrefillCompleted,
+            (None, false) => return Ok(Response::new(pb::ReportResponse { tracked: true })),
+        };
+        let Some(worker) = router
+            .with_core(|core, _| core.tracked_worker_of(&report.router_id, &report.request_id))
+        else {
+            return Ok(Response::new(pb::ReportResponse { tracked: false }));
+        };
+        let event = SyncEvent {
+            router_id: report.router_id,
+            request_id: report.request_id,
+            worker,
+            kind,
+        };
+        router.apply_sync_event(&event);
+        router.publish_sync(event);
+        Ok(Response::new(pb::ReportResponse { tracked: true }))
+    }
+
+    async fn get_busy_thresholds(
+        &self,
+        request: Request<pb::GetBusyThresholdsRequest>,
+    ) -> Result<Response<pb::GetBusyThresholdsResponse>, Status> {
+        let wanted = request.into_inner().model;
+        let table = self.table.load();
+        if !wanted.is_empty() && !table.contains_key(&wanted) {
+            return Err(RouteError::UnknownModel(wanted).to_status());
+        }
+        let mut thresholds: Vec<pb::BusyThresholds> = table
+            .values()
+            .filter(|model| wanted.is_empty() || model.name == wanted)
+            .map(|model| wire::thresholds_to_proto(&model.name, &model.router.busy_thresholds()))
+            .collect();
+        thresholds.sort_by(|a, b| a.model.cmp(&b.model));
+        Ok(Response::new(pb::GetBusyThresholdsResponse { thresholds }))
+    }
+
+    async fn set_busy_thresholds(
+        &self,
+        request: Request<pb::SetBusyThresholdsRequest>,
+    ) -> Result<Response<pb::SetBusyThresholdsResponse>, Status> {
+        let Some(thresholds) = request.into_inner().thresholds else {
+            return Err(RouteError::BadRequest("thresholds are required".into()).to_status());
+        };
+        let model = self.model(&thresholds.model).map_err(|e| e.to_status())?;
+        let value = wire::thresholds_from_proto(&thresholds);
+        model.router.set_busy_thresholds(value);
+        Ok(Response::new(pb::SetBusyThresholdsResponse {
+            thresholds: Some(wire::thresholds_to_proto(&model.name, &value)),
+        }))
+    }
+}
+
+impl RouterService {
+    /// Routes a generation and starts it, retrying on another worker when the chosen one cannot
+    /// be reached (nothing has been streamed yet, so that is safe).
+    async fn start_generate(
+        &self,
+        mut generate: pb::GenerateRequest,
+        routed: &pb::RoutedGenerateRequest,
+    ) -> Result<(RouteGuard, kvmesh_runtime::worker_client::ResponseStream), RouteError> {
+        validate(&generate.model, &generate.request_id, &generate.token_ids)?;
+        let model = self.model(&generate.model)?;
+        let mut hints = wire::hints_from_proto(
+            generate.routing.as_ref(),
+            &routed.allowed_worker_ids,
+            0,
+            routed.config_override.as_ref(),
+        );
+        let mut tried: Vec<u64> = Vec::new();
+        let mut last_error = RouteError::NoEndpoint;
+        for attempt in 0..MAX_START_ATTEMPTS.min(model.workers.len()).max(1) {
+            if !tried.is_empty() {
+                let allowed: Vec<u64> = model
+                    .workers
+                    .keys()
+                    .copied()
+                    .filter(|id| {
+                        !tried.contains(id)
+                            && hints
+                                .allowed_worker_ids
+                                .as_ref()
+                                .is_none_or(|allowed| allowed.contains(id))
+                    })
+                    .collect();
+                if allowed.is_empty() {
+                    break;
+                }
+                hints.allowed_worker_ids = Some(allowed);
+            }
+            let route_request = RouteRequest {
+                request_id: format!("{}#{attempt}", generate.request_id),
+                token_ids: &generate.token_ids,
+                lora_name: (!generate.lora_name.is_empty()).then_some(generate.lora_name.as_str()),
+                cache_salt: (!routed.cache_salt.is_empty()).then_some(routed.cache_salt.as_str()),
+                hints: hints.clone(),
+            };
+            let guard =
+                route_with_index(&model.router, model.indexer.as_ref(), &route_request).await?;
+            let decision = guard.decision().clone();
+            if let Some(rank) = decision.dp_rank {
+                generate.routing.get_or_insert_default().dp_rank = Some(rank);
+            }
+            let Some(endpoint) = model.workers.get(&decision.worker_id) else {
+                guard.finish(TerminalPath::Error);
+                tried.push(decision.worker_id);
+                continue;
+            };
+            match endpoint.generate(generate.clone()).await {
+                Ok(stream) => return Ok((guard, stream)),
+                Err(status) if status.code() == tonic::Code::Unavailable => {
+                    guard.finish(TerminalPath::Error);
+                    tracing::warn!(worker_id = %format!("{:x}", decision.worker_id), %status, "worker unreachable, trying another");
+                    tried.push(decision.worker_id);
+                    last_error = RouteError::NoEndpoint;
+                }
+                Err(status) => {
+                    guard.finish(TerminalPath::Error);
+                    return Err(RouteError::BadRequest(status.message().to_string()));
+                }
+            }
+        }
+        Err(last_error)
+    }
+}
+
+/// The worker's stream as the caller sees it, with the request's life reported to the router:
+/// first token, output tokens, end. A dropped stream (caller gone) frees it as disconnected.
+fn proxy(
+    guard: RouteGuard,
+    mut stream: kvmesh_runtime::worker_client::ResponseStream,
+) -> impl futures::Stream<Item = Result<pb::GenerateResponse, Status>> + Send + 'static {
+    async_stream::stream! {
+        let mut guard = Some(guard);
+        let mut is_first_token_seen = false;
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(response) => {
+                    let num_tokens = response.token_ids.len() as u64;
+                    if num_tokens > 0 && let Some(guard) = &guard {
+                        if guard.tracks_output_tokens() {
+                            guard.add_output_tokens(num_tokens);
+                        } else if !is_first_token_seen {
+                            guard.first_token();
+                        }
+                        is_first_token_seen = true;
+                    }
+                    let finish = pb::FinishReason::try_from(response.finish_reason)
+                        .unwrap_or(pb::FinishReason::Unspecified);
+                    let path = match finish {
+                        pb::FinishReason::Unspecified => None,
+                        pb::FinishReason::Error => Some(TerminalPath::Error),
+                        pb::FinishReason::Cancelled => Some(TerminalPath::Cancelled),
+                        _ => Some(TerminalPath::Completed),
+                    };
+                    if let (Some(path), Some(guard)) = (path, guard.take()) {
+                        guard.finish(path);
+                    }
+                    yield Ok(response);
+                }
+                Err(status) => {
+                    if let Some(guard) = guard.take() {
+                        guard.finish(TerminalPath::Error);
+                    }
+                    yield Err(status);
+                    return;
+                }
+            }
+        }
+        if let Some(guard) = guard.take() {
+            guard.finish(TerminalPath::Error);
+        }
+    }
+}

@@ -1,0 +1,302 @@
+//! Conversions between the router's types and their protobuf forms (`router.proto`, the
+//! `RouterSyncEvent` of `events.proto`), in one place for the service, its client and replica sync.
+
+use std::time::Duration;
+
+use kvmesh_kv::WorkerKey;
+use kvmesh_proto::v1 as pb;
+
+use crate::config::BusyThresholds;
+use crate::request::{Decision, RouterConfigOverride, RoutingHints, TerminalPath};
+use crate::sync::{SyncEvent, SyncKind};
+
+/// The protobuf form of a tracker change.
+pub fn sync_to_proto(event: &SyncEvent) -> pb::RouterSyncEvent {
+    use pb::router_sync_event::Kind;
+    let kind = match &event.kind {
+        SyncKind::Add {
+            token_sequence_hashes,
+            track_prefill_tokens,
+            expected_output_tokens,
+            initial_prefill_tokens,
+            expected_prefill_duration_ms,
+            lora_name,
+        } => Kind::Add(pb::RouterSyncAdd {
+            token_sequence_hashes: token_sequence_hashes.clone(),
+            track_prefill_tokens: Some(*track_prefill_tokens),
+            expected_output_tokens: *expected_output_tokens,
+            initial_prefill_tokens: *initial_prefill_tokens,
+            expected_prefill_duration_ms: *expected_prefill_duration_ms,
+            lora_name: lora_name.clone(),
+        }),
+        SyncKind::MarkPrefillCompleted => {
+            Kind::MarkPrefillCompleted(pb::RouterSyncMarkPrefillCompleted {})
+        }
+        SyncKind::Free => Kind::Free(pb::RouterSyncFree {}),
+        SyncKind::SessionBind { session_id } => Kind::SessionBind(pb::RouterSyncSessionBind {
+            session_id: session_id.clone(),
+            phase: "aggregated".to_string(),
+        }),
+    };
+    pb::RouterSyncEvent {
+        router_id: event.router_id.clone(),
+        request_id: event.request_id.clone(),
+        worker_id: event.worker.worker_id,
+        dp_rank: event.worker.dp_rank,
+        kind: Some(kind),
+    }
+}
+
+/// A received tracker change; `None` when it carries no change (an unknown or missing kind).
+pub fn sync_from_proto(event: pb::RouterSyncEvent) -> Option<SyncEvent> {
+    use pb::router_sync_event::Kind;
+    let kind = match event.kind? {
+        Kind::Add(add) => SyncKind::Add {
+            token_sequence_hashes: add.token_sequence_hashes,
+            track_prefill_tokens: add.track_prefill_tokens.unwrap_or(true),
+            expected_output_tokens: add.expected_output_tokens,
+            initial_prefill_tokens: add.initial_prefill_tokens,
+            expected_prefill_duration_ms: add.expected_prefill_duration_ms,
+            lora_name: add.lora_name,
+        },
+        Kind::MarkPrefillCompleted(_) => SyncKind::MarkPrefillCompleted,
+        Kind::Free(_) => SyncKind::Free,
+        Kind::SessionBind(bind) => SyncKind::SessionBind {
+            session_id: bind.session_id,
+        },
+    };
+    Some(SyncEvent {
+        router_id: event.router_id,
+        request_id: event.request_id,
+        worker: WorkerKey::new(event.worker_id, event.dp_rank),
+        kind,
+    })
+}
+
+/// The protobuf form of a terminal path (expiry is the tracker's own, never reported; it maps
+/// to an error).
+pub fn terminal_to_proto(path: TerminalPath) -> pb::TerminalPath {
+    match path {
+        TerminalPath::Completed => pb::TerminalPath::Completed,
+        TerminalPath::Error | TerminalPath::Expired => pb::TerminalPath::Error,
+        TerminalPath::Cancelled => pb::TerminalPath::Cancelled,
+        TerminalPath::Disconnected => pb::TerminalPath::Disconnected,
+        TerminalPath::Migrated => pb::TerminalPath::Migrated,
+    }
+}
+
+/// A reported terminal path; `None` for "not terminal" (and unknown values).
+pub fn terminal_from_proto(value: i32) -> Option<TerminalPath> {
+    match pb::TerminalPath::try_from(value).ok()? {
+        pb::TerminalPath::Unspecified => None,
+        pb::TerminalPath::Completed => Some(TerminalPath::Completed),
+        pb::TerminalPath::Error => Some(TerminalPath::Error),
+        pb::TerminalPath::Cancelled => Some(TerminalPath::Cancelled),
+        pb::TerminalPath::Disconnected => Some(TerminalPath::Disconnected),
+        pb::TerminalPath::Migrated => Some(TerminalPath::Migrated),
+    }
+}
+
+/// The protobuf form of a cost-model override.
+pub fn override_to_proto(value: &RouterConfigOverride) -> pb::RouterConfigOverride {
+    pb::RouterConfigOverride {
+        overlap_score_credit: value.overlap_score_credit,
+        prefill_load_scale: value.prefill_load_scale,
+        router_temperature: value.router_temperature,
+        shared_cache_multiplier: value.shared_cache_multiplier,
+        assume_kv_reuse: value.assume_kv_reuse,
+        track_prefill_tokens: value.track_prefill_tokens,
+        overlap_score_weight: value.overlap_score_weight,
+    }
+}
+
+/// A received cost-model override.
+pub fn override_from_proto(value: &pb::RouterConfigOverride) -> RouterConfigOverride {
+    RouterConfigOverride {
+        overlap_score_credit: value.overlap_score_credit,
+        prefill_load_scale: value.prefill_load_scale,
+        router_temperature: value.router_temperature,
+        shared_cache_multiplier: value.shared_cache_multiplier,
+        assume_kv_reuse: value.assume_kv_reuse,
+        track_prefill_tokens: value.track_prefill_tokens,
+        overlap_score_weight: value.overlap_score_weight,
+    }
+}
+
+/// The wire hints of a request (pins, priorities, session) in the `llm.proto` form.
+pub fn hints_to_proto(hints: &RoutingHints) -> pb::RoutingHints {
+    pb::RoutingHints {
+        backend_instance_id: hints.backend_instance_id,
+        dp_rank: hints.dp_rank,
+        priority: hints.priority,
+        strict_priority: hints.strict_priority,
+        expected_output_tokens: hints.expected_output_tokens,
+        session_id: hints.session_id.clone().unwrap_or_default(),
+        ..Default::default()
+    }
+}
+
+/// Routing hints from their wire parts.
+pub fn hints_from_proto(
+    hints: Option<&pb::RoutingHints>,
+    allowed_worker_ids: &[u64],
+    session_bind_ttl_secs: u32,
+    config_override: Option<&pb::RouterConfigOverride>,
+) -> RoutingHints {
+    let hints = hints.cloned().unwrap_or_default();
+    RoutingHints {
+        backend_instance_id: hints.backend_instance_id,
+        dp_rank: hints.dp_rank,
+        allowed_worker_ids: (!allowed_worker_ids.is_empty()).then(|| allowed_worker_ids.to_vec()),
+        priority: hints.priority,
+        strict_priority: hints.strict_priority,
+        expected_output_tokens: hints.expected_output_tokens,
+        session_id: (!hints.session_id.is_empty()).then_some(hints.session_id),
+        session_bind_ttl: (session_bind_ttl_secs > 0)
+            .then(|| Duration::from_secs(u64::from(session_bind_ttl_secs))),
+        config_override: config_override.map(override_from_proto),
+    }
+}
+
+/// The `Route` answer for a decision.
+pub fn decision_to_proto(decision: &Decision, router_id: &str) -> pb::RouteResponse {
+    pb::RouteResponse {
+        worker_id: decision.worker_id,
+        dp_rank: decision.dp_rank,
+        overlap_blocks: decision.overlap_blocks,
+        cached_tokens: u32::try_from(decision.cached_tokens).unwrap_or(u32::MAX),
+        required_blocks: u32::try_from(decision.required_blocks).unwrap_or(u32::MAX),
+        router_id: router_id.to_string(),
+    }
+}
+
+/// A decision received from a router replica.
+pub fn decision_from_proto(request_id: &str, response: &pb::RouteResponse) -> Decision {
+    Decision {
+        request_id: request_id.to_string(),
+        worker_id: response.worker_id,
+        dp_rank: response.dp_rank,
+        overlap_blocks: response.overlap_blocks,
+        cached_tokens: u64::from(response.cached_tokens),
+        required_blocks: u64::from(response.required_blocks),
+    }
+}
+
+/// The protobuf form of a model's busy thresholds.
+pub fn thresholds_to_proto(model: &str, thresholds: &BusyThresholds) -> pb::BusyThresholds {
+    pb::BusyThresholds {
+        model: model.to_string(),
+        active_decode_blocks_threshold: thresholds.active_decode_blocks_threshold,
+        active_prefill_tokens_threshold: thresholds.active_prefill_tokens_threshold,
+        active_prefill_tokens_threshold_frac: thresholds.active_prefill_tokens_threshold_frac,
+    }
+}
+
+/// Busy thresholds from their protobuf form.
+pub fn thresholds_from_proto(value: &pb::BusyThresholds) -> BusyThresholds {
+    BusyThresholds {
+        active_decode_blocks_threshold: value.active_decode_blocks_threshold,
+        active_prefill_tokens_threshold: value.active_prefill_tokens_threshold,
+        active_prefill_tokens_threshold_frac: value.active_prefill_tokens_threshold_frac,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sync_events_round_trip() {
+        let kinds = [
+            SyncKind::Add {
+                token_sequence_hashes: vec![1, 2, 3],
+                track_prefill_tokens: false,
+                expected_output_tokens: Some(7),
+                initial_prefill_tokens: Some(40),
+                expected_prefill_duration_ms: None,
+                lora_name: Some("adapter".into()),
+            },
+            SyncKind::MarkPrefillCompleted,
+            SyncKind::Free,
+            SyncKind::SessionBind {
+                session_id: "s1".into(),
+            },
+        ];
+        for kind in kinds {
+            let event = SyncEvent {
+                router_id: "r1".into(),
+                request_id: "q1".into(),
+                worker: WorkerKey::new(9, 2),
+                kind,
+            };
+            assert_eq!(sync_from_proto(sync_to_proto(&event)), Some(event));
+        }
+        assert_eq!(sync_from_proto(pb::RouterSyncEvent::default()), None);
+    }
+
+    #[test]
+    fn absent_track_prefill_means_true() {
+        let event = pb::RouterSyncEvent {
+            kind: Some(pb::router_sync_event::Kind::Add(
+                pb::RouterSyncAdd::default(),
+            )),
+            ..Default::default()
+        };
+        let Some(SyncEvent {
+            kind:
+                SyncKind::Add {
+                    track_prefill_tokens,
+                    ..
+                },
+            ..
+        }) = sync_from_proto(event)
+        else {
+            panic!("an add event");
+        };
+        assert!(track_prefill_tokens);
+    }
+
+    #[test]
+    fn hints_and_terminal_paths_round_trip() {
+        let hints = RoutingHints {
+            backend_instance_id: Some(5),
+            dp_rank: Some(1),
+            allowed_worker_ids: Some(vec![5, 6]),
+            priority: -3,
+            strict_priority: 2,
+            expected_output_tokens: Some(100),
+            session_id: Some("abc".into()),
+            session_bind_ttl: Some(Duration::from_secs(30)),
+            config_override: Some(RouterConfigOverride {
+                overlap_score_credit: Some(0.5),
+                ..Default::default()
+            }),
+        };
+        let wire = hints_to_proto(&hints);
+        let back = hints_from_proto(
+            Some(&wire),
+            &[5, 6],
+            30,
+            hints
+                .config_override
+                .as_ref()
+                .map(override_to_proto)
+                .as_ref(),
+        );
+        assert_eq!(back, hints);
+        for path in [
+            TerminalPath::Completed,
+            TerminalPath::Error,
+            TerminalPath::Cancelled,
+            TerminalPath::Disconnected,
+            TerminalPath::Migrated,
+        ] {
+            assert_eq!(
+                terminal_from_proto(terminal_to_proto(path) as i32),
+                Some(path)
+            );
+        }
+        assert_eq!(terminal_from_proto(0), None);
+        assert_eq!(terminal_from_proto(99), None);
+    }
+}

@@ -1,0 +1,182 @@
+"""Three `kvmesh-router` replicas with replica sync behind a frontend, with real etcd, NATS,
+indexer and mocker processes: requests sharing a prefix land on the worker that caches it, the
+replicas see each other's load, and killing a replica fails no request."""
+import random
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+import requests
+
+from conftest import (TINY_MODEL, Mesh, Proc, free_port, proto_stubs, require_env, wait_ready,
+                      wait_until)
+
+BLOCK = 16
+
+
+@pytest.fixture(scope="module")
+def replicas_mesh():
+    namespace = f"r{uuid.uuid4().hex[:10]}"
+    env = {
+        "DYN_DISCOVERY_BACKEND": "etcd",
+        "ETCD_ENDPOINTS": require_env("ETCD_ENDPOINTS"),
+        "NATS_SERVER": require_env("NATS_SERVER"),
+        "DYN_NAMESPACE": namespace,
+    }
+    indexer = Proc("indexer", ["kvmesh-indexer", "--tcp-rpc-port", str(free_port())], env)
+    mockers = [
+        Proc(f"mocker{i}", ["kvmesh-mocker", "--model-path", str(TINY_MODEL), "--model-name", "tiny",
+                            "--endpoint", f"dyn://{namespace}.backend.generate", "--speedup-ratio", "100",
+                            "--block-size", str(BLOCK), "--tcp-rpc-port", str(free_port())], env)
+        for i in range(2)
+    ]
+    router_ports = [free_port() for _ in range(3)]
+    routers = [
+        Proc(f"router{i}", ["kvmesh-router", "--router-mode", "kv", "--router-replica-sync",
+                            "--tcp-rpc-port", str(port)], env)
+        for i, port in enumerate(router_ports)
+    ]
+    port = free_port()
+    frontend = Proc("frontend", ["kvmesh-frontend", "--http-host", "127.0.0.1", "--http-port", str(port),
+                                 "--use-remote-router", "on"], env)
+    procs = [indexer, *mockers, *routers, frontend]
+    mesh = Mesh(f"http://127.0.0.1:{port}", procs, namespace)
+    mesh.routers = routers
+    mesh.router_addrs = [f"127.0.0.1:{p}" for p in router_ports]
+    try:
+        wait_ready(mesh.base_url, "tiny", 2, procs)
+        # Every replica knows both workers and the frontend sees every replica.
+        for addr in mesh.router_addrs:
+            wait_until(lambda a=addr: route_on(a, [1, 2, 3], allow=None, free=True)[0] > 0,
+                       what=f"router {addr} serving tiny")
+        wait_until(lambda: complete(mesh, [5, 6, 7]) is not None, what="frontend routing remotely")
+        yield mesh
+    except BaseException:
+        for p in procs:
+            print(f"--- {p.name} ---\n{p.output()[-4000:]}")
+        raise
+    finally:
+        mesh.stop()
+
+
+def stub(addr):
+    pb = proto_stubs()
+    channel = grpc.insecure_channel(addr)
+    return pb["router_pb2"], pb["router_pb2_grpc"].RouterStub(channel)
+
+
+def route_on(addr, tokens, allow, free=False):
+    """Routes on one replica; returns (worker_id, router_id, request_id)."""
+    router_pb2, client = stub(addr)
+    request_id = uuid.uuid4().hex
+    response = client.Route(router_pb2.RouteRequest(model="tiny", request_id=request_id, token_ids=tokens,
+                                                    allowed_worker_ids=allow or []), timeout=5)
+    if free:
+        report(addr, request_id, response.router_id)
+    return response.worker_id, response.router_id, request_id
+
+
+def report(addr, request_id, router_id):
+    router_pb2, client = stub(addr)
+    return client.Report(router_pb2.ReportRequest(model="tiny", request_id=request_id, router_id=router_id,
+                                                  terminal=router_pb2.TERMINAL_PATH_COMPLETED), timeout=5).tracked
+
+
+def complete(mesh, prompt, max_tokens=4):
+    r = requests.post(f"{mesh.base_url}/v1/completions", json={
+        "model": "tiny", "prompt": prompt, "max_tokens": max_tokens,
+        "nvext": {"extra_fields": ["worker_id"]}}, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()["nvext"]["worker_id"]["decode_worker_id"]
+
+
+def test_replicas_see_each_others_load(replicas_mesh):
+    """Load routed on one replica steers another replica's decision: without sync the second
+    replica would see two idle workers and pick either (this passes by chance with p = 1/64)."""
+    rng = random.Random(3)
+    seen = set()
+    for _ in range(40):
+        seen.add(route_on(replicas_mesh.router_addrs[0], [9] * BLOCK, allow=None, free=True)[0])
+        if len(seen) == 2:
+            break
+    workers = sorted(seen)
+    assert len(workers) == 2, workers
+    pairs = [(0, 1), (1, 2), (2, 0), (1, 0), (2, 1), (0, 2)]
+    for round_index, (loaded_on, asked) in enumerate(pairs):
+        target = workers[round_index % 2]
+        other = workers[(round_index + 1) % 2]
+        held = []
+        for _ in range(3):
+            prompt = [rng.randrange(10, 250) for _ in range(8 * BLOCK)]
+            held.append(route_on(replicas_mesh.router_addrs[loaded_on], prompt, allow=[target]))
+        assert all(w == target for w, _, _ in held)
+        time.sleep(0.3)  # sync events cross NATS
+        prompt = [rng.randrange(10, 250) for _ in range(8 * BLOCK)]
+        chosen, router_id, request_id = route_on(replicas_mesh.router_addrs[asked], prompt, allow=None)
+        assert chosen == other, f"round {round_index}: replica {asked} ignored replica {loaded_on}'s load"
+        assert report(replicas_mesh.router_addrs[asked], request_id, router_id)
+        for _, owner, held_id in held:
+            assert report(replicas_mesh.router_addrs[loaded_on], held_id, owner)
+        time.sleep(0.3)
+
+
+def test_report_to_another_replica_frees_the_synced_copy(replicas_mesh):
+    a, b = replicas_mesh.router_addrs[0], replicas_mesh.router_addrs[1]
+    _, owner, request_id = route_on(a, [7] * (4 * BLOCK), allow=None)
+    time.sleep(0.3)
+    assert report(b, request_id, owner)          # b holds the synced copy and frees it
+    assert not report(b, request_id, owner)      # already gone
+    assert report(a, request_id, owner)          # the owner still tracked its own entry
+
+
+def test_shared_prefix_follows_the_cache(replicas_mesh):
+    prefix = [10 + (i * 7) % 200 for i in range(4 * BLOCK)]
+    first = complete(replicas_mesh, prefix + [11, 12, 13])
+    time.sleep(1.0)  # the blocks reach the indexer shard through JetStream
+    for i in range(6):
+        assert complete(replicas_mesh, prefix + [20 + i, 30 + i, 40 + i]) == first
+
+    rng = random.Random(7)
+    unrelated = [[rng.randrange(10, 250) for _ in range(4 * BLOCK)] for _ in range(12)]
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        workers = list(pool.map(lambda p: complete(replicas_mesh, p, max_tokens=16), unrelated))
+    assert len(set(workers)) == 2, workers
+
+
+def test_killing_a_replica_fails_no_request(replicas_mesh):
+    stop = threading.Event()
+    results = []
+
+    def client_loop(seed):
+        rng = random.Random(seed)
+        while not stop.is_set():
+            prompt = [rng.randrange(10, 250) for _ in range(2 * BLOCK)]
+            r = requests.post(f"{replicas_mesh.base_url}/v1/completions",
+                              json={"model": "tiny", "prompt": prompt, "max_tokens": 8, "stream": seed % 2 == 0},
+                              timeout=30)
+            results.append((r.status_code, r.text[:200]))
+
+    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    time.sleep(1.5)
+    replicas_mesh.routers[0].kill()
+    time.sleep(3.0)
+    stop.set()
+    for t in threads:
+        t.join()
+    failures = [r for r in results if r[0] != 200]
+    assert len(results) > 20, len(results)
+    assert not failures, failures[:5]
+
+
+def test_no_replica_left_is_a_503(replicas_mesh):
+    for router in replicas_mesh.routers:
+        router.kill()
+    r = requests.post(f"{replicas_mesh.base_url}/v1/completions",
+                      json={"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 2}, timeout=30)
+    assert r.status_code == 503, r.text
+    assert r.json()["error"]["type"]
