@@ -206,16 +206,10 @@ async fn route(
         cache_salt: None,
         hints,
     };
-    let remote = match (entry.remote_mode, &entry.remote) {
-        (RemoteRouterMode::Off, _) => None,
-        (RemoteRouterMode::On, None) => {
-            return Err(RouteError::Unreachable("router replicas cannot be watched".into()).into());
-        }
-        (RemoteRouterMode::On, Some(remote)) => Some(remote),
-        (RemoteRouterMode::Auto, Some(remote)) if remote.num_replicas() > 0 => Some(remote),
-        (RemoteRouterMode::Auto, _) => None,
-    };
-    if let Some(remote) = remote {
+    if entry.remote_mode == RemoteRouterMode::On && entry.remote.is_none() {
+        return Err(RouteError::Unreachable("router replicas cannot be watched".into()).into());
+    }
+    if let Some(remote) = entry.active_remote() {
         return Ok(Lease::Remote(
             remote.route(&entry.name, &route_request).await?,
         ));

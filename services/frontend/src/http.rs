@@ -1,5 +1,6 @@
 //! The axum application: routes, shared state, body limits and error mapping.
 
+mod admin;
 mod chat;
 mod completions;
 mod infra;
@@ -33,6 +34,10 @@ pub struct HttpSettings {
     pub sse_keep_alive: Option<Duration>,
     /// Deadline for the worker's first response.
     pub backend_stream_timeout: Option<Duration>,
+    /// `DYN_DISABLE_FRONTEND_NVEXT`: request `nvext`, routing and priority headers are ignored.
+    pub disable_nvext: bool,
+    /// `DYN_DISABLE_FRONTEND_ADMIN_API`: `/busy_threshold` is not served (404).
+    pub disable_admin_api: bool,
 }
 
 /// State shared by every handler.
@@ -88,6 +93,7 @@ pub fn app(state: Arc<AppState>) -> AxumRouter {
             get(infra::health),
         )
         .route(&path("DYN_HTTP_SVC_LIVE_PATH", "/live"), get(infra::live))
+        .merge(admin_routes(&state))
         .route(
             &path("DYN_HTTP_SVC_METRICS_PATH", "/metrics"),
             get(infra::metrics),
@@ -95,6 +101,17 @@ pub fn app(state: Arc<AppState>) -> AxumRouter {
         .fallback(infra::not_found)
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)
+}
+
+/// `GET`/`POST /busy_threshold`, unless the admin API is disabled.
+fn admin_routes(state: &AppState) -> AxumRouter<Arc<AppState>> {
+    if state.settings.disable_admin_api {
+        return AxumRouter::new();
+    }
+    AxumRouter::new().route(
+        "/busy_threshold",
+        get(admin::get_busy_thresholds).post(admin::set_busy_threshold),
+    )
 }
 
 /// A route path from `{name}_ENV` or `{name}`, else the default (Dynamo's route overrides).
@@ -145,18 +162,24 @@ pub(crate) fn request_id(headers: &HeaderMap) -> String {
         .unwrap_or_else(|| uuid::Uuid::new_v4().to_string())
 }
 
-/// Routing pins, priorities and the session id from the request headers (router.md §9, §10);
-/// a malformed number is a 400 naming the header.
+/// Routing pins, priorities and the session from the request's `nvext`, then its headers, which
+/// win (router.md §9, §10, §15); with `DYN_DISABLE_FRONTEND_NVEXT` only the session header
+/// counts. A malformed value is a 400 naming the field or header.
 pub(crate) fn routing_hints(
+    settings: &HttpSettings,
     headers: &HeaderMap,
+    nvext: Option<&serde_json::Value>,
 ) -> Result<kvmesh_router::RoutingHints, FrontendError> {
     let mut hints = kvmesh_router::RoutingHints::default();
+    if let Some(nvext) = nvext.filter(|_| !settings.disable_nvext) {
+        kvmesh_router::hints::apply_nvext(&mut hints, nvext)?;
+    }
     kvmesh_router::hints::apply_headers(
         &mut hints,
         headers
             .iter()
             .filter_map(|(name, value)| Some((name.as_str(), value.to_str().ok()?))),
-        false,
+        settings.disable_nvext,
     )?;
     Ok(hints)
 }

@@ -94,6 +94,8 @@ pub async fn run(
             backend_stream_timeout: http
                 .http_backend_stream_timeout_secs
                 .map(Duration::from_secs),
+            disable_nvext: kvmesh_runtime::config::env_truthy("DYN_DISABLE_FRONTEND_NVEXT"),
+            disable_admin_api: kvmesh_runtime::config::env_truthy("DYN_DISABLE_FRONTEND_ADMIN_API"),
         },
         inflight: Inflight::new(),
         draining: AtomicBool::new(false),

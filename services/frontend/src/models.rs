@@ -62,6 +62,19 @@ pub struct ModelEntry {
     pub kv_cache_block_size: u32,
 }
 
+impl ModelEntry {
+    /// The router replicas requests of this model go to, when `--use-remote-router` selects
+    /// them (`on`, or `auto` with replicas registered).
+    pub fn active_remote(&self) -> Option<&RemoteRouters> {
+        let remote = self.remote.as_ref()?;
+        match self.remote_mode {
+            RemoteRouterMode::Off => None,
+            RemoteRouterMode::On => Some(remote),
+            RemoteRouterMode::Auto => (remote.num_replicas() > 0).then_some(remote),
+        }
+    }
+}
+
 /// The table every request reads.
 pub type ModelTable = Arc<ArcSwap<HashMap<String, Arc<ModelEntry>>>>;
 

@@ -19,6 +19,7 @@ use kvmesh_runtime::discovery::{Discovery, WatchEvent};
 use kvmesh_runtime::names;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::BusyThresholds;
 use crate::error::RouteError;
 use crate::request::{Decision, RouteRequest, TerminalPath};
 use crate::wire;
@@ -163,6 +164,42 @@ impl RemoteRouters {
             }
         }
         Err(RouteError::Unreachable(last_failure))
+    }
+
+    /// A model's busy thresholds as the first answering replica holds them.
+    pub async fn busy_thresholds(&self, model: &str) -> Option<BusyThresholds> {
+        let replicas = self.inner.replicas.load_full();
+        for replica in replicas.iter() {
+            let mut client = replica.client.clone();
+            let mut call = tonic::Request::new(pb::GetBusyThresholdsRequest {
+                model: model.to_string(),
+            });
+            call.set_timeout(self.inner.timeout);
+            if let Ok(response) = client.get_busy_thresholds(call).await
+                && let Some(found) = response.into_inner().thresholds.first()
+            {
+                return Some(wire::thresholds_from_proto(found));
+            }
+        }
+        None
+    }
+
+    /// Replaces a model's busy thresholds on every replica; returns how many took them.
+    pub async fn set_busy_thresholds(&self, model: &str, thresholds: &BusyThresholds) -> usize {
+        let replicas = self.inner.replicas.load_full();
+        let calls = replicas.iter().map(|replica| {
+            let mut client = replica.client.clone();
+            let mut call = tonic::Request::new(pb::SetBusyThresholdsRequest {
+                thresholds: Some(wire::thresholds_to_proto(model, thresholds)),
+            });
+            call.set_timeout(self.inner.timeout);
+            async move { client.set_busy_thresholds(call).await.is_ok() }
+        });
+        futures::future::join_all(calls)
+            .await
+            .into_iter()
+            .filter(|ok| *ok)
+            .count()
     }
 
     /// Sends a report to the replica that decided, then to the others until one takes it.

@@ -68,7 +68,7 @@ async fn handle(
         let started = generate::start(
             &entry,
             worker_request,
-            super::routing_hints(headers)?,
+            super::routing_hints(&state.settings, headers, request.nvext.as_ref())?,
             state.settings.backend_stream_timeout,
         )
         .await?;
@@ -82,8 +82,12 @@ async fn handle(
             return Err(error);
         }
     };
-    let nvext =
-        super::completions::response_nvext(&request.nvext, started.worker_id, started.dp_rank);
+    let nvext = super::completions::response_nvext(
+        &state.settings,
+        &request.nvext,
+        started.worker_id,
+        started.dp_rank,
+    );
     let deltas = generate::text_deltas(started, output, num_prompt_tokens, entry.metrics.clone());
     let id = format!("chatcmpl-{request_id}");
     let created = now_secs();

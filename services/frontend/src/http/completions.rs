@@ -52,14 +52,17 @@ pub(crate) fn check_supported(sampling: &SamplingOptions) -> Result<(), Frontend
     Ok(())
 }
 
-/// The response `nvext` for the fields the client asked for in `nvext.extra_fields`.
+/// The response `nvext` for the fields the client asked for in `nvext.extra_fields` (none with
+/// `DYN_DISABLE_FRONTEND_NVEXT`).
 pub(crate) fn response_nvext(
+    settings: &super::HttpSettings,
     request_nvext: &Option<Value>,
     worker_id: u64,
     dp_rank: u32,
 ) -> Option<Value> {
     let wants_worker = request_nvext
         .as_ref()
+        .filter(|_| !settings.disable_nvext)
         .and_then(|nvext| nvext.get("extra_fields"))
         .and_then(Value::as_array)
         .is_some_and(|fields| fields.iter().any(|f| f.as_str() == Some("worker_id")));
@@ -177,7 +180,7 @@ async fn handle(
         let started = generate::start(
             &entry,
             worker_request,
-            super::routing_hints(headers)?,
+            super::routing_hints(&state.settings, headers, request.nvext.as_ref())?,
             state.settings.backend_stream_timeout,
         )
         .await?;
@@ -191,7 +194,12 @@ async fn handle(
             return Err(error);
         }
     };
-    let nvext = response_nvext(&request.nvext, started.worker_id, started.dp_rank);
+    let nvext = response_nvext(
+        &state.settings,
+        &request.nvext,
+        started.worker_id,
+        started.dp_rank,
+    );
     let deltas = generate::text_deltas(started, output, num_prompt_tokens, entry.metrics.clone());
     let id = format!("cmpl-{request_id}");
     let created = now_secs();

@@ -152,7 +152,9 @@ impl RouterCore {
                 .map(|_| self.rng.next_u64())
                 .collect()
         };
-        let prefill_tokens = if is_kv && eff.weights.track_prefill_tokens {
+        // Tracked in every mode: busy detection and the queue read it; only kv mode knows an
+        // overlap to subtract.
+        let prefill_tokens = if eff.weights.track_prefill_tokens {
             prepared
                 .isl
                 .saturating_sub(u64::from(device_overlap) * block)

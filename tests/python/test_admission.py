@@ -1,0 +1,201 @@
+"""Admission through `kvmesh up`: busy thresholds reject with 529 and the OpenAI error JSON,
+`/busy_threshold` changes them at run time (and is gone with DYN_DISABLE_FRONTEND_ADMIN_API),
+parked requests leave the queue in priority order, and nvext / header pins steer requests (and
+are ignored with DYN_DISABLE_FRONTEND_NVEXT)."""
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from conftest import Mesh, Proc, free_port, wait_ready
+
+
+def start_up(name, args, env=None, workers=2):
+    port = free_port()
+    proc = Proc(name, ["kvmesh", "up", "--http-host", "127.0.0.1", "--http-port", str(port),
+                       "--num-workers", str(workers), "--tcp-rpc-port", str(free_port()), *args], env)
+    mesh = Mesh(f"http://127.0.0.1:{port}", [proc])
+    try:
+        wait_ready(mesh.base_url, "tiny", workers, [proc])
+    except BaseException:
+        print(proc.output()[-4000:])
+        mesh.stop()
+        raise
+    return mesh
+
+
+def prompt(rng, length):
+    return [rng.randrange(10, 2900) for _ in range(length)]
+
+
+def post(mesh, body, headers=None):
+    return requests.post(f"{mesh.base_url}/v1/completions", json={"model": "tiny", **body},
+                         headers=headers or {}, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def busy_mesh():
+    # Slow prefill, so a request holds its prefill tokens long enough to make its worker busy.
+    mesh = start_up("up-busy", ["--speedup-ratio", "0.5", "--active-prefill-tokens-threshold", "100"])
+    yield mesh
+    mesh.stop()
+
+
+def burst(mesh, n, length=1500, seed=0):
+    rng = random.Random(seed)
+    prompts = [prompt(rng, length) for _ in range(n)]
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        return list(pool.map(lambda p: post(mesh, {"prompt": p, "max_tokens": 2}), prompts))
+
+
+def test_busy_workers_reject_with_529_and_openai_json(busy_mesh):
+    responses = burst(busy_mesh, 12)
+    statuses = [r.status_code for r in responses]
+    assert 200 in statuses, statuses
+    rejected = [r for r in responses if r.status_code == 529]
+    assert rejected, statuses
+    error = rejected[0].json()["error"]
+    assert error["message"] == "Service temporarily unavailable: All workers are busy, please retry later"
+    assert error["type"]
+    # Nothing was left tracked: once the burst is over a lone request is admitted.
+    assert post(busy_mesh, {"prompt": [5] * 1500, "max_tokens": 2}).status_code == 200
+
+
+def test_busy_threshold_endpoint_changes_admission_at_run_time(busy_mesh):
+    r = requests.get(f"{busy_mesh.base_url}/busy_threshold", timeout=5)
+    assert r.status_code == 200
+    [entry] = r.json()["thresholds"]
+    assert entry == {"model": "tiny", "active_decode_blocks_threshold": None,
+                     "active_prefill_tokens_threshold": 100, "active_prefill_tokens_threshold_frac": None}
+
+    r = requests.post(f"{busy_mesh.base_url}/busy_threshold",
+                      json={"model": "tiny", "active_prefill_tokens_threshold": None,
+                            "active_decode_blocks_threshold": 0.95}, timeout=5)
+    assert r.status_code == 200, r.text
+    assert r.json()["active_prefill_tokens_threshold"] is None
+    assert r.json()["active_decode_blocks_threshold"] == 0.95
+    assert all(r.status_code == 200 for r in burst(busy_mesh, 12, seed=1))
+
+    r = requests.post(f"{busy_mesh.base_url}/busy_threshold",
+                      json={"model": "tiny", "active_prefill_tokens_threshold": 100}, timeout=5)
+    assert r.status_code == 200
+    assert r.json()["active_decode_blocks_threshold"] == 0.95  # absent fields keep their value
+    assert any(r.status_code == 529 for r in burst(busy_mesh, 12, seed=2))
+
+    for bad, status in [({"model": "nope", "active_prefill_tokens_threshold": 1}, 404),
+                        ({"active_prefill_tokens_threshold": 1}, 400),
+                        ({"model": "tiny", "active_prefill_tokens_threshold": -1}, 400),
+                        ({"model": "tiny", "active_decode_blocks_threshold": "x"}, 400)]:
+        r = requests.post(f"{busy_mesh.base_url}/busy_threshold", json=bad, timeout=5)
+        assert r.status_code == status, (bad, r.text)
+        assert "error" in r.json()
+
+
+def test_admin_api_can_be_disabled():
+    mesh = start_up("up-noadmin", [], {"DYN_DISABLE_FRONTEND_ADMIN_API": "1"})
+    try:
+        assert requests.get(f"{mesh.base_url}/busy_threshold", timeout=5).status_code == 404
+        r = requests.post(f"{mesh.base_url}/busy_threshold", json={"model": "tiny"}, timeout=5)
+        assert r.status_code == 404
+    finally:
+        mesh.stop()
+
+
+def test_queued_requests_leave_in_priority_order():
+    # One worker; any prefill in flight fills it, so every later request parks until the
+    # previous one's first token. The blocker is admitted at once; the holder arrives during the
+    # blocker's (slow) decode pass and holds its prefill tokens until that pass ends, so the
+    # prioritised requests arriving next all park.
+    mesh = start_up("up-queue", ["--speedup-ratio", "0.05", "--max-model-len", "8192",
+                                 "--router-queue-threshold", "0.00001",
+                                 "--router-queue-policy", "fcfs"], workers=1)
+    try:
+        rng = random.Random(5)
+        first_token_at = {}
+        lock = threading.Lock()
+
+        def stream(name, priority, length=1000):
+            headers = {} if priority is None else {"x-dynamo-request-priority": str(priority)}
+            with requests.post(f"{mesh.base_url}/v1/completions", stream=True, timeout=60, headers=headers,
+                               json={"model": "tiny", "prompt": prompt(rng, length), "max_tokens": 2,
+                                     "stream": True}) as r:
+                assert r.status_code == 200, r.text
+                for line in r.iter_lines():
+                    if line.startswith(b"data: {"):
+                        with lock:
+                            first_token_at.setdefault(name, time.monotonic())
+                    if line == b"data: [DONE]":
+                        break
+
+        threads = []
+        for name in ["blocker", "holder"]:
+            t = threading.Thread(target=stream, args=(name, None))
+            t.start()
+            threads.append(t)
+            time.sleep(0.1)
+        for name, priority in [("p0", 0), ("p5", 5), ("p10", 10), ("p1", 1)]:
+            t = threading.Thread(target=stream, args=(name, priority))
+            t.start()
+            threads.append(t)
+            time.sleep(0.01)
+        for t in threads:
+            t.join()
+        order = sorted(first_token_at, key=first_token_at.get)
+        assert order == ["blocker", "holder", "p10", "p5", "p1", "p0"], order
+    finally:
+        mesh.stop()
+
+
+@pytest.fixture(scope="module")
+def pin_meshes():
+    normal = start_up("up-pins", ["--speedup-ratio", "100"])
+    disabled = start_up("up-nonvext", ["--speedup-ratio", "100"], {"DYN_DISABLE_FRONTEND_NVEXT": "1"})
+    yield normal, disabled
+    normal.stop()
+    disabled.stop()
+
+
+def worker_ids(mesh, n=20):
+    ids = set()
+    for _ in range(n):
+        r = post(mesh, {"prompt": [1, 2, 3], "max_tokens": 1, "nvext": {"extra_fields": ["worker_id"]}})
+        ids.add(r.json()["nvext"]["worker_id"]["decode_worker_id"])
+    return sorted(ids)
+
+
+def test_nvext_and_header_pins(pin_meshes):
+    mesh, _ = pin_meshes
+    ids = worker_ids(mesh)
+    assert len(ids) == 2
+    for target in ids:
+        for _ in range(4):
+            r = post(mesh, {"prompt": [4, 5, 6], "max_tokens": 1,
+                            "nvext": {"backend_instance_id": target, "extra_fields": ["worker_id"]}})
+            assert r.json()["nvext"]["worker_id"]["decode_worker_id"] == target
+    # The header wins over the body.
+    r = post(mesh, {"prompt": [4, 5, 6], "max_tokens": 1,
+                    "nvext": {"backend_instance_id": ids[0], "extra_fields": ["worker_id"]}},
+             headers={"x-dynamo-worker-instance-id": str(ids[1])})
+    assert r.json()["nvext"]["worker_id"]["decode_worker_id"] == ids[1]
+    # A pin to a worker that does not exist is a 503, a malformed one a 400.
+    r = post(mesh, {"prompt": [4], "max_tokens": 1, "nvext": {"backend_instance_id": 12345}})
+    assert r.status_code == 503, r.text
+    r = post(mesh, {"prompt": [4], "max_tokens": 1, "nvext": {"backend_instance_id": "x"}})
+    assert r.status_code == 400
+    assert "backend_instance_id" in r.json()["error"]["message"]
+
+
+def test_disabled_nvext_ignores_pins_and_extra_fields(pin_meshes):
+    _, mesh = pin_meshes
+    seen = set()
+    for _ in range(8):
+        r = post(mesh, {"prompt": [4, 5, 6], "max_tokens": 1,
+                        "nvext": {"backend_instance_id": 12345, "extra_fields": ["worker_id"]}},
+                 headers={"x-dynamo-worker-instance-id": "12345"})
+        assert r.status_code == 200, r.text
+        assert "nvext" not in r.json() or r.json()["nvext"] is None
+        seen.add(r.status_code)
+    assert seen == {200}
