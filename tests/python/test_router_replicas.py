@@ -146,6 +146,25 @@ def test_shared_prefix_follows_the_cache(replicas_mesh):
     assert len(set(workers)) == 2, workers
 
 
+def test_generate_routes_and_proxies_the_stream(replicas_mesh):
+    pb = proto_stubs()
+    llm_pb2, router_pb2 = pb["llm_pb2"], pb["router_pb2"]
+    client = pb["router_pb2_grpc"].RouterStub(grpc.insecure_channel(replicas_mesh.router_addrs[1]))
+    request = llm_pb2.GenerateRequest(request_id=uuid.uuid4().hex, model="tiny", token_ids=[5] * (3 * BLOCK),
+                                      stop=llm_pb2.StopConditions(max_tokens=5, ignore_eos=True))
+    responses = list(client.Generate(router_pb2.RoutedGenerateRequest(request=request), timeout=30))
+    tokens = [t for r in responses for t in r.token_ids]
+    assert len(tokens) == 5
+    assert responses[-1].finish_reason == llm_pb2.FINISH_REASON_LENGTH
+    # Bad input is InvalidArgument, an unknown model NotFound.
+    with pytest.raises(grpc.RpcError) as error:
+        list(client.Generate(router_pb2.RoutedGenerateRequest(request=llm_pb2.GenerateRequest(model="tiny")), timeout=5))
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as error:
+        client.Route(router_pb2.RouteRequest(model="nope", request_id="x", token_ids=[1]), timeout=5)
+    assert error.value.code() == grpc.StatusCode.NOT_FOUND
+
+
 def test_killing_a_replica_fails_no_request(replicas_mesh):
     stop = threading.Event()
     results = []
