@@ -44,6 +44,14 @@ def busy_mesh():
     mesh.stop()
 
 
+def metric(mesh, series):
+    text = requests.get(f"{mesh.base_url}/metrics", timeout=5).text
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
 def burst(mesh, n, length=1500, seed=0):
     rng = random.Random(seed)
     prompts = [prompt(rng, length) for _ in range(n)]
@@ -60,6 +68,8 @@ def test_busy_workers_reject_with_529_and_openai_json(busy_mesh):
     error = rejected[0].json()["error"]
     assert error["message"] == "Service temporarily unavailable: All workers are busy, please retry later"
     assert error["type"]
+    assert metric(busy_mesh, 'dynamo_frontend_model_rejection_total{endpoint="completions",model="tiny"}') \
+        >= len(rejected)
     # Nothing was left tracked: once the burst is over a lone request is admitted.
     assert post(busy_mesh, {"prompt": [5] * 1500, "max_tokens": 2}).status_code == 200
 
@@ -141,8 +151,11 @@ def test_queued_requests_leave_in_priority_order():
             t.start()
             threads.append(t)
             time.sleep(0.01)
+        time.sleep(0.2)
+        pending = metric(mesh, 'dynamo_frontend_router_queue_pending_requests{worker_type="decode"}')
         for t in threads:
             t.join()
+        assert pending >= 1, pending
         order = sorted(first_token_at, key=first_token_at.get)
         assert order == ["blocker", "holder", "p10", "p5", "p1", "p0"], order
     finally:

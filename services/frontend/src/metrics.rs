@@ -22,6 +22,8 @@ pub struct FrontendMetrics {
     output_tokens_total: IntCounterVec,
     cached_tokens: HistogramVec,
     model_config: Vec<IntGaugeVec>,
+    rejections: IntCounterVec,
+    queue_pending: IntGaugeVec,
 }
 
 /// Gauges describing each served model's card, in [`ModelConfig`] field order.
@@ -123,6 +125,22 @@ impl FrontendMetrics {
         registry.register(Box::new(output_tokens.clone()))?;
         registry.register(Box::new(output_tokens_total.clone()))?;
         registry.register(Box::new(cached_tokens.clone()))?;
+        let rejections = IntCounterVec::new(
+            Opts::new(
+                name("model_rejection_total"),
+                "requests rejected because every worker was busy",
+            ),
+            &["model", "endpoint"],
+        )?;
+        let queue_pending = IntGaugeVec::new(
+            Opts::new(
+                name("router_queue_pending_requests"),
+                "requests parked in the router queue",
+            ),
+            &["worker_type"],
+        )?;
+        registry.register(Box::new(rejections.clone()))?;
+        registry.register(Box::new(queue_pending.clone()))?;
         let mut model_config = Vec::with_capacity(MODEL_CONFIG_GAUGES.len());
         for (suffix, help) in MODEL_CONFIG_GAUGES {
             let gauge = IntGaugeVec::new(Opts::new(name(suffix), help), &["model"])?;
@@ -142,6 +160,8 @@ impl FrontendMetrics {
             output_tokens_total,
             cached_tokens,
             model_config,
+            rejections,
+            queue_pending,
         })
     }
 
@@ -160,6 +180,18 @@ impl FrontendMetrics {
                 .with_label_values(&[model])
                 .set(i64::try_from(value).unwrap_or(i64::MAX));
         }
+    }
+
+    /// Counts a request rejected as overloaded (`model_rejection_total`).
+    pub fn count_rejection(&self, model: &str, endpoint: &str) {
+        self.rejections.with_label_values(&[model, endpoint]).inc();
+    }
+
+    /// Sets the number of parked requests (sampled when metrics are scraped).
+    pub fn set_queue_pending(&self, pending: usize) {
+        self.queue_pending
+            .with_label_values(&["decode"])
+            .set(i64::try_from(pending).unwrap_or(i64::MAX));
     }
 
     /// Handles for one model, resolved once per model.

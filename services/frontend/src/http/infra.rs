@@ -55,6 +55,13 @@ pub async fn live() -> Response {
 
 /// `GET /metrics`: Prometheus text.
 pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let pending = state
+        .models
+        .load()
+        .values()
+        .map(|entry| entry.router.queue_len())
+        .sum();
+    state.metrics.set_queue_pending(pending);
     let text = kvmesh_runtime::telemetry::encode_metrics(&state.metrics.registry);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

@@ -163,6 +163,14 @@ impl RequestScope {
             self.stream,
             error.map(|e| e.code().metric_label()),
         );
+        if matches!(
+            error,
+            Some(FrontendError::Route(kvmesh_router::RouteError::Overloaded))
+        ) {
+            self.state
+                .metrics
+                .count_rejection(&self.model.name, self.endpoint);
+        }
         self.model
             .metrics
             .duration
