@@ -34,9 +34,11 @@ def replicas_mesh():
         for i in range(2)
     ]
     router_ports = [free_port() for _ in range(3)]
+    metrics_port = free_port()
     routers = [
         Proc(f"router{i}", ["kvmesh-router", "--router-mode", "kv", "--router-replica-sync",
-                            "--tcp-rpc-port", str(port)], env)
+                            "--tcp-rpc-port", str(port),
+                            *(["--metrics-port", str(metrics_port)] if i == 0 else [])], env)
         for i, port in enumerate(router_ports)
     ]
     port = free_port()
@@ -45,6 +47,7 @@ def replicas_mesh():
     procs = [indexer, *mockers, *routers, frontend]
     mesh = Mesh(f"http://127.0.0.1:{port}", procs, namespace)
     mesh.routers = routers
+    mesh.router_metrics = f"http://127.0.0.1:{metrics_port}/metrics"
     mesh.router_addrs = [f"127.0.0.1:{p}" for p in router_ports]
     try:
         wait_ready(mesh.base_url, "tiny", 2, procs)
@@ -130,6 +133,21 @@ def test_report_to_another_replica_frees_the_synced_copy(replicas_mesh):
     assert report(b, request_id, owner)          # b holds the synced copy and frees it
     assert not report(b, request_id, owner)      # already gone
     assert report(a, request_id, owner)          # the owner still tracked its own entry
+
+
+def test_router_metrics(replicas_mesh):
+    def value(series):
+        for line in requests.get(replicas_mesh.router_metrics, timeout=5).text.splitlines():
+            if line.startswith(series + " "):
+                return float(line.split()[-1])
+        return None
+
+    before = value('kvmesh_router_decisions_total{model="tiny",outcome="routed"}') or 0
+    _, owner, request_id = route_on(replicas_mesh.router_addrs[0], [3] * (2 * BLOCK), allow=None)
+    assert value('kvmesh_router_decisions_total{model="tiny",outcome="routed"}') == before + 1
+    assert value('kvmesh_router_tracked_requests{model="tiny"}') >= 1
+    assert report(replicas_mesh.router_addrs[0], request_id, owner)
+    assert value('kvmesh_router_reports_total{kind="end",model="tiny"}') >= 1
 
 
 def test_shared_prefix_follows_the_cache(replicas_mesh):

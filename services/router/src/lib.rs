@@ -26,6 +26,7 @@ pub mod cost;
 pub mod error;
 pub mod fleet;
 pub mod hints;
+pub mod metrics;
 mod modes;
 pub mod overlap;
 mod queue;

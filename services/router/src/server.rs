@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::args::RouterArgs;
 use crate::fleet::{IndexerClients, NamespaceFilter};
+use crate::metrics::RouterMetrics;
 use crate::remote::{ROUTER_COMPONENT, ROUTER_ENDPOINT};
 use crate::service::{FleetConfig, RoutedTable, RouterService, watch_models};
 
@@ -49,6 +50,10 @@ pub struct RouterServiceOpts {
     /// Every routing flag of the frontend.
     #[command(flatten)]
     pub router: RouterArgs,
+
+    /// Port of the Prometheus `/metrics` endpoint (off when unset).
+    #[arg(long, env = "KVMESH_ROUTER_METRICS_PORT")]
+    pub metrics_port: Option<u16>,
 
     /// Deadline of one indexer shard query, in milliseconds.
     #[arg(long, env = "KVMESH_INDEXER_QUERY_TIMEOUT_MS", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
@@ -96,7 +101,16 @@ pub async fn run(
         .await
         .with_context(|| format!("bind router gRPC on {bind}"))?;
     let address = listener.local_addr()?;
-    let service = RouterService::new(table);
+    let metrics = RouterMetrics::new().context("register metrics")?;
+    let service = RouterService::new(table.clone(), metrics.clone());
+    if let Some(port) = opts.metrics_port {
+        tasks.spawn(serve_metrics(
+            format!("{}:{port}", opts.runtime.tcp_rpc_host),
+            table,
+            metrics,
+            tasks_shutdown.clone(),
+        ));
+    }
     {
         let stop = tasks_shutdown.clone();
         tasks.spawn(async move {
@@ -140,6 +154,29 @@ pub async fn run(
     })
     .await;
     result
+}
+
+async fn serve_metrics(
+    address: String,
+    table: RoutedTable,
+    metrics: RouterMetrics,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            metrics.refresh(&table);
+            let text = kvmesh_runtime::telemetry::encode_metrics(&metrics.registry);
+            async move { text }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind(&address)
+        .await
+        .with_context(|| format!("bind metrics on {address}"))?;
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await?;
+    Ok(())
 }
 
 async fn register(discovery: &dyn Discovery, namespace: &str, address: &str) -> anyhow::Result<()> {

@@ -5,8 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use futures::StreamExt;
@@ -23,6 +22,7 @@ use crate::config::RouterConfig;
 use crate::core::RouterCore;
 use crate::error::RouteError;
 use crate::fleet::{self, DiscoveredRecords, IndexerClients, NamespaceFilter};
+use crate::metrics::RouterMetrics;
 use crate::request::{RouteRequest, TerminalPath};
 use crate::routing::route_with_index;
 use crate::shared::{MonotonicClock, RouteGuard, SharedRouter};
@@ -246,36 +246,17 @@ fn publish(table: &RoutedTable, models: &HashMap<String, ModelState>) {
     table.store(Arc::new(next));
 }
 
-/// Counters of one replica, for its metrics endpoint and tests.
-#[derive(Debug, Default)]
-pub struct ServiceCounters {
-    /// `Route` and `Generate` decisions made.
-    pub routed: AtomicU64,
-    /// Decisions refused (no endpoint, overloaded, bad request, unknown model).
-    pub rejected: AtomicU64,
-    /// `Report`s received.
-    pub reports: AtomicU64,
-}
-
 /// The gRPC service.
 #[derive(Clone)]
 pub struct RouterService {
     table: RoutedTable,
-    counters: Arc<ServiceCounters>,
+    metrics: RouterMetrics,
 }
 
 impl RouterService {
-    /// Serves the models of `table`.
-    pub fn new(table: RoutedTable) -> Self {
-        Self {
-            table,
-            counters: Arc::default(),
-        }
-    }
-
-    /// The replica's counters.
-    pub fn counters(&self) -> Arc<ServiceCounters> {
-        self.counters.clone()
+    /// Serves the models of `table`, counting into `metrics`.
+    pub fn new(table: RoutedTable, metrics: RouterMetrics) -> Self {
+        Self { table, metrics }
     }
 
     fn model(&self, name: &str) -> Result<Arc<RoutedModel>, RouteError> {
@@ -284,14 +265,6 @@ impl RouterService {
             .get(name)
             .cloned()
             .ok_or_else(|| RouteError::UnknownModel(name.to_string()))
-    }
-
-    fn count<T>(&self, result: &Result<T, RouteError>) {
-        let counter = match result {
-            Ok(_) => &self.counters.routed,
-            Err(_) => &self.counters.rejected,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -319,6 +292,7 @@ impl Router for RouterService {
         request: Request<pb::RouteRequest>,
     ) -> Result<Response<pb::RouteResponse>, Status> {
         let request = request.into_inner();
+        let started = Instant::now();
         let result = async {
             validate(&request.model, &request.request_id, &request.token_ids)?;
             let model = self.model(&request.model)?;
@@ -345,7 +319,8 @@ impl Router for RouterService {
             ))
         }
         .await;
-        self.count(&result);
+        self.metrics
+            .observe_decision(&request.model, &result, started.elapsed());
         result.map(Response::new).map_err(|error| error.to_status())
     }
 
@@ -361,8 +336,11 @@ impl Router for RouterService {
         let Some(generate) = routed.request.take() else {
             return Err(RouteError::BadRequest("request is required".into()).to_status());
         };
+        let model = generate.model.clone();
+        let begin = Instant::now();
         let started = self.start_generate(generate, &routed).await;
-        self.count(&started);
+        self.metrics
+            .observe_decision(&model, &started, begin.elapsed());
         let (guard, stream) = started.map_err(|error| error.to_status())?;
         Ok(Response::new(proxy(guard, stream).boxed()))
     }
@@ -372,8 +350,15 @@ impl Router for RouterService {
         request: Request<pb::ReportRequest>,
     ) -> Result<Response<pb::ReportResponse>, Status> {
         let report = request.into_inner();
-        self.counters.reports.fetch_add(1, Ordering::Relaxed);
         let model = self.model(&report.model).map_err(|e| e.to_status())?;
+        let kind = if report.terminal != 0 {
+            "end"
+        } else if report.first_token {
+            "first_token"
+        } else {
+            "tokens"
+        };
+        self.metrics.count_report(&model.name, kind);
         let router = &model.router;
         let own_id = router.router_id();
         let terminal = wire::terminal_from_proto(report.terminal);

@@ -1,0 +1,142 @@
+//! Prometheus metrics of a `kvmesh-router` replica, served on `--metrics-port`: decisions by
+//! outcome and their latency, and per-model state sampled when scraped (tracked requests, parked
+//! requests, dropped sync events, failed index queries).
+
+use std::time::Duration;
+
+use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
+
+use crate::error::RouteError;
+use crate::service::RoutedTable;
+
+/// The replica's metrics.
+#[derive(Clone)]
+pub struct RouterMetrics {
+    /// Where they are registered.
+    pub registry: Registry,
+    decisions: IntCounterVec,
+    reports: IntCounterVec,
+    decision_seconds: Histogram,
+    tracked: IntGaugeVec,
+    queued: IntGaugeVec,
+    sync_dropped: IntGaugeVec,
+    index_failures: IntGaugeVec,
+}
+
+impl RouterMetrics {
+    /// Registers every metric in a new registry.
+    pub fn new() -> prometheus::Result<Self> {
+        let registry = Registry::new();
+        let decisions = IntCounterVec::new(
+            Opts::new(
+                "kvmesh_router_decisions_total",
+                "Route and Generate decisions by outcome",
+            ),
+            &["model", "outcome"],
+        )?;
+        let reports = IntCounterVec::new(
+            Opts::new("kvmesh_router_reports_total", "Report calls by kind"),
+            &["model", "kind"],
+        )?;
+        let decision_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "kvmesh_router_decision_seconds",
+                "time to decide (index query, scoring, queue wait)",
+            )
+            .buckets(prometheus::exponential_buckets(0.000_01, 2.0, 20)?),
+        )?;
+        let gauge = |name: &str, help: &str| IntGaugeVec::new(Opts::new(name, help), &["model"]);
+        let tracked = gauge(
+            "kvmesh_router_tracked_requests",
+            "requests whose load is tracked (this replica's and synced)",
+        )?;
+        let queued = gauge(
+            "kvmesh_router_queue_pending_requests",
+            "requests parked in the queue",
+        )?;
+        let sync_dropped = gauge(
+            "kvmesh_router_sync_events_dropped",
+            "replica sync events dropped because the publisher fell behind",
+        )?;
+        let index_failures = gauge(
+            "kvmesh_router_indexer_query_failures",
+            "indexer shard queries that failed on every replica tried",
+        )?;
+        for collector in [
+            Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(reports.clone()),
+            Box::new(decision_seconds.clone()),
+            Box::new(tracked.clone()),
+            Box::new(queued.clone()),
+            Box::new(sync_dropped.clone()),
+            Box::new(index_failures.clone()),
+        ] {
+            registry.register(collector)?;
+        }
+        Ok(Self {
+            registry,
+            decisions,
+            reports,
+            decision_seconds,
+            tracked,
+            queued,
+            sync_dropped,
+            index_failures,
+        })
+    }
+
+    /// Counts one decision (or refusal) and how long it took.
+    pub fn observe_decision<T>(
+        &self,
+        model: &str,
+        result: &Result<T, RouteError>,
+        elapsed: Duration,
+    ) {
+        let outcome = match result {
+            Ok(_) => "routed",
+            Err(RouteError::Overloaded) => "overloaded",
+            Err(RouteError::NoEndpoint) => "no_endpoint",
+            Err(RouteError::NotReady) => "not_ready",
+            Err(RouteError::BadRequest(_)) => "bad_request",
+            Err(RouteError::Cancelled) => "cancelled",
+            Err(RouteError::UnknownModel(_)) => "unknown_model",
+            Err(RouteError::Unreachable(_)) => "unreachable",
+        };
+        self.decisions.with_label_values(&[model, outcome]).inc();
+        if result.is_ok() {
+            self.decision_seconds.observe(elapsed.as_secs_f64());
+        }
+    }
+
+    /// Counts one report (`first_token`, `tokens`, `end`, `end_for_replica`).
+    pub fn count_report(&self, model: &str, kind: &str) {
+        self.reports.with_label_values(&[model, kind]).inc();
+    }
+
+    /// Routed requests of a model so far.
+    pub fn decisions(&self, model: &str, outcome: &str) -> u64 {
+        self.decisions.with_label_values(&[model, outcome]).get()
+    }
+
+    /// Samples per-model state into the gauges.
+    pub fn refresh(&self, table: &RoutedTable) {
+        for model in table.load().values() {
+            let name = model.name.as_str();
+            let (tracked, queued) = model
+                .router
+                .with_core(|core, _| (core.num_tracked(), core.queue_len()));
+            let set = |gauge: &IntGaugeVec, value: u64| {
+                gauge
+                    .with_label_values(&[name])
+                    .set(i64::try_from(value).unwrap_or(i64::MAX));
+            };
+            set(&self.tracked, tracked as u64);
+            set(&self.queued, queued as u64);
+            set(&self.sync_dropped, model.router.num_sync_dropped());
+            set(
+                &self.index_failures,
+                model.indexer.as_ref().map_or(0, |i| i.num_failures()),
+            );
+        }
+    }
+}
