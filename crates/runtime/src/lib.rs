@@ -6,6 +6,7 @@ pub mod connect;
 pub mod discovery;
 pub mod error;
 pub mod event_plane;
+pub mod kv_publish;
 pub mod names;
 pub mod net;
 pub mod shutdown;

@@ -1,8 +1,8 @@
 //! One mock worker: its ranks, its `Worker` gRPC service, and the publisher of its KV events
 //! and load.
 
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -10,9 +10,10 @@ use futures::StreamExt;
 use kvmesh_proto::v1::worker_server::Worker;
 use kvmesh_proto::v1::{
     ClearKvBlocksRequest, ClearKvBlocksResponse, GenerateRequest, GetLoadRequest, GetLoadResponse,
-    KvEvent, KvEventBatch, StorageTier, kv_event,
+    KvEvent, StorageTier, kv_event,
 };
 use kvmesh_runtime::event_plane::EventPlane;
+use kvmesh_runtime::kv_publish::{self, KvEventPublisher};
 use kvmesh_runtime::shutdown::Inflight;
 use kvmesh_runtime::worker_client::{ResponseStream, WorkerEndpoint};
 use prost::Message;
@@ -22,9 +23,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::driver::{Command, RankOutput};
 use crate::engine::{EngineRequest, KvCacheEvent};
-
-/// Largest KV event batch published in one message.
-const MAX_BATCH_BYTES: usize = 512 * 1024;
 
 /// The request side of a mock worker: routes each request to its data-parallel rank.
 #[derive(Clone)]
@@ -163,7 +161,12 @@ pub async fn run_publisher(
     mut outputs: mpsc::UnboundedReceiver<RankOutput>,
     shutdown: CancellationToken,
 ) {
-    let mut next_event_id = vec![0u64; num_ranks];
+    let mut publisher = KvEventPublisher::new(
+        target.events.clone(),
+        target.kv_subject.clone(),
+        target.worker_id,
+        HashMap::new(),
+    );
     loop {
         let first = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -172,24 +175,19 @@ pub async fn run_publisher(
                 None => break,
             },
         };
+        // Coalesce whatever is already queued, per rank, keeping each rank's order.
         let mut pending: Vec<Vec<KvEvent>> = vec![Vec::new(); num_ranks];
         let mut output = Some(first);
         while let Some(item) = output.take() {
             match item {
                 RankOutput::KvEvents { dp_rank, events } if target.publish_kv_events => {
-                    let rank = dp_rank as usize;
-                    if let (Some(queue), Some(next)) =
-                        (pending.get_mut(rank), next_event_id.get_mut(rank))
-                    {
-                        for event in events {
-                            queue.push(to_proto(event, *next));
-                            *next += 1;
-                        }
+                    if let Some(queue) = pending.get_mut(dp_rank as usize) {
+                        queue.extend(events.into_iter().map(|event| to_proto(event, 0)));
                     }
                 }
                 RankOutput::KvEvents { .. } => {}
                 RankOutput::Load(mut load) => {
-                    load.published_at_ms = now_ms();
+                    load.published_at_ms = kv_publish::now_ms();
                     let payload = Bytes::from(load.encode_to_vec());
                     if let Err(error) = target.events.publish(&target.load_subject, payload).await {
                         tracing::debug!(%error, "load publish failed");
@@ -199,70 +197,13 @@ pub async fn run_publisher(
             output = outputs.try_recv().ok();
         }
         for (dp_rank, events) in pending.into_iter().enumerate() {
-            if !events.is_empty() {
-                publish_events(&target, dp_rank as u32, events, &shutdown).await;
-            }
-        }
-    }
-}
-
-async fn publish_events(
-    target: &PublishTarget,
-    dp_rank: u32,
-    events: Vec<KvEvent>,
-    shutdown: &CancellationToken,
-) {
-    let mut batch = KvEventBatch {
-        worker_id: target.worker_id,
-        dp_rank,
-        events: Vec::new(),
-        published_at_ms: now_ms(),
-        worker_removed: false,
-    };
-    for event in events {
-        batch.events.push(event);
-        if batch.encoded_len() >= MAX_BATCH_BYTES {
-            let full = std::mem::take(&mut batch.events);
-            publish_batch(target, &batch, full, shutdown).await;
-        }
-    }
-    let rest = std::mem::take(&mut batch.events);
-    if !rest.is_empty() {
-        publish_batch(target, &batch, rest, shutdown).await;
-    }
-}
-
-async fn publish_batch(
-    target: &PublishTarget,
-    header: &KvEventBatch,
-    events: Vec<KvEvent>,
-    shutdown: &CancellationToken,
-) {
-    let first_event_id = events.first().map(|e| e.event_id).unwrap_or(0);
-    let msg_id = format!(
-        "{:016x}-{}-{first_event_id}",
-        header.worker_id, header.dp_rank
-    );
-    let batch = KvEventBatch {
-        events,
-        ..header.clone()
-    };
-    let payload = Bytes::from(batch.encode_to_vec());
-    let mut backoff = Duration::from_millis(50);
-    loop {
-        match target
-            .events
-            .publish_durable(&target.kv_subject, &msg_id, payload.clone())
-            .await
-        {
-            Ok(_) => return,
-            Err(error) => {
-                tracing::warn!(%error, msg_id = %msg_id, "kv event publish failed, retrying");
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(backoff) => {}
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(2));
+            if !events.is_empty()
+                && publisher
+                    .publish(dp_rank as u32, events, &shutdown)
+                    .await
+                    .is_err()
+            {
+                return;
             }
         }
     }
@@ -296,11 +237,4 @@ pub fn to_proto(event: KvCacheEvent, event_id: u64) -> KvEvent {
         tier: StorageTier::Device as i32,
         kind: Some(kind),
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
