@@ -2,7 +2,7 @@
 //! parallel, with a deadline and failover to another replica, and merges the answers. A shard
 //! that does not answer contributes nothing; routing never fails because of the index.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -14,6 +14,7 @@ use kvmesh_proto::v1::indexer_client::IndexerClient as GrpcIndexerClient;
 use kvmesh_proto::v1::{FindMatchesRequest, FindMatchesResponse, InstanceRecord};
 use kvmesh_runtime::discovery::{Discovery, WatchEvent};
 use kvmesh_runtime::names;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::bootstrap::{INDEXER_COMPONENT, INDEXER_ENDPOINT, layout_of};
@@ -33,7 +34,104 @@ pub struct MergedMatches {
 struct Replica {
     instance_id: u64,
     layout: ShardLayout,
-    client: GrpcIndexerClient<tonic::transport::Channel>,
+    queries: QueryStream,
+}
+
+/// An answer to one query, or why there is none.
+type Answer = Result<FindMatchesResponse, tonic::Status>;
+
+/// One long-lived `FindMatchesStream` to a replica, shared by concurrent callers: queries go out
+/// in order and answers come back in the same order, so each is matched to its caller without
+/// ids. A failed stream fails the queries in flight and is reopened by the next query. Saves the
+/// HTTP/2 stream setup a unary call pays per query (docs/benchmarks.md has the difference).
+#[derive(Clone)]
+struct QueryStream {
+    tx: mpsc::Sender<(FindMatchesRequest, oneshot::Sender<Answer>)>,
+}
+
+/// Queries that may wait for the stream task before callers block.
+const QUERY_QUEUE: usize = 4096;
+
+impl QueryStream {
+    /// Starts the stream task; it ends when every handle is dropped.
+    fn spawn(client: GrpcIndexerClient<tonic::transport::Channel>) -> Self {
+        let (tx, rx) = mpsc::channel(QUERY_QUEUE);
+        tokio::spawn(run_query_stream(client, rx));
+        Self { tx }
+    }
+
+    /// Sends one query and waits for its answer.
+    async fn query(&self, request: FindMatchesRequest) -> Answer {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send((request, reply))
+            .await
+            .map_err(|_| tonic::Status::unavailable("query stream closed"))?;
+        answer
+            .await
+            .unwrap_or_else(|_| Err(tonic::Status::unavailable("query stream closed")))
+    }
+}
+
+async fn run_query_stream(
+    mut client: GrpcIndexerClient<tonic::transport::Channel>,
+    mut rx: mpsc::Receiver<(FindMatchesRequest, oneshot::Sender<Answer>)>,
+) {
+    let mut waiting: VecDeque<oneshot::Sender<Answer>> = VecDeque::new();
+    let fail_all = |waiting: &mut VecDeque<oneshot::Sender<Answer>>, status: &tonic::Status| {
+        for reply in waiting.drain(..) {
+            let _ = reply.send(Err(status.clone()));
+        }
+    };
+    loop {
+        let Some((first, reply)) = rx.recv().await else {
+            return;
+        };
+        let (out_tx, out_rx) = mpsc::channel(QUERY_QUEUE);
+        if out_tx.try_send(first).is_err() {
+            let _ = reply.send(Err(tonic::Status::unavailable("query stream closed")));
+            continue;
+        }
+        waiting.push_back(reply);
+        let mut answers = match client
+            .find_matches_stream(tokio_stream::wrappers::ReceiverStream::new(out_rx))
+            .await
+        {
+            Ok(response) => response.into_inner(),
+            Err(status) => {
+                fail_all(&mut waiting, &status);
+                continue;
+            }
+        };
+        loop {
+            tokio::select! {
+                query = rx.recv() => {
+                    let Some((request, reply)) = query else { return };
+                    if out_tx.send(request).await.is_err() {
+                        let _ = reply.send(Err(tonic::Status::unavailable("query stream closed")));
+                        fail_all(&mut waiting, &tonic::Status::unavailable("query stream closed"));
+                        break;
+                    }
+                    waiting.push_back(reply);
+                }
+                answer = answers.next() => match answer {
+                    Some(Ok(response)) => {
+                        if let Some(reply) = waiting.pop_front() {
+                            let _ = reply.send(Ok(response));
+                        }
+                    }
+                    Some(Err(status)) => {
+                        fail_all(&mut waiting, &status);
+                        break;
+                    }
+                    None => {
+                        fail_all(&mut waiting, &tonic::Status::unavailable("query stream ended"));
+                        break;
+                    }
+                },
+            }
+        }
+    }
 }
 
 /// Fan-out client over the indexer replicas of one namespace, kept current from discovery.
@@ -157,11 +255,9 @@ impl IndexerClient {
     ) -> Option<FindMatchesResponse> {
         for attempt in 0..group.len().min(2) {
             let replica = group[(start + attempt) % group.len()];
-            let mut client = replica.client.clone();
-            let mut call = tonic::Request::new(request.clone());
-            call.set_timeout(self.inner.timeout);
-            match tokio::time::timeout(self.inner.timeout, client.find_matches(call)).await {
-                Ok(Ok(response)) => return Some(response.into_inner()),
+            let query = replica.queries.query(request.clone());
+            match tokio::time::timeout(self.inner.timeout, query).await {
+                Ok(Ok(response)) => return Some(response),
                 Ok(Err(status)) => {
                     tracing::debug!(replica = %format!("{:x}", replica.instance_id), %status, "indexer query failed")
                 }
@@ -211,6 +307,6 @@ fn replica_of(record: &InstanceRecord) -> Option<Replica> {
     Some(Replica {
         instance_id: record.instance_id,
         layout,
-        client: GrpcIndexerClient::new(endpoint.connect_lazy()),
+        queries: QueryStream::spawn(GrpcIndexerClient::new(endpoint.connect_lazy())),
     })
 }

@@ -75,6 +75,29 @@ impl IndexerService {
         Ok(cut)
     }
 
+    /// Answers one query (unary or on a stream).
+    fn answer(&self, request: FindMatchesRequest) -> Result<FindMatchesResponse, tonic::Status> {
+        if self.state.state() != IndexerState::Serving {
+            return Err(tonic::Status::unavailable(
+                "indexer replica is not serving yet",
+            ));
+        }
+        let started = Instant::now();
+        let hashes = self.local_hashes(&request)?;
+        let scores = self.state.find_matches(&request.model, &hashes);
+        self.metrics.queries.inc();
+        self.metrics
+            .find_matches_seconds
+            .observe(started.elapsed().as_secs_f64());
+        Ok(FindMatchesResponse {
+            scores: scores_to_proto(&scores),
+            frequencies: scores.frequencies,
+            applied_seq: self.state.applied_seq(),
+            partitions: self.state.layout.partitions.clone(),
+            missing_partitions: Vec::new(),
+        })
+    }
+
     fn local_hashes(&self, request: &FindMatchesRequest) -> Result<Vec<u64>, tonic::Status> {
         if request.token_ids.is_empty() {
             return Ok(request.local_hashes.clone());
@@ -113,26 +136,21 @@ impl Indexer for IndexerService {
         &self,
         request: tonic::Request<FindMatchesRequest>,
     ) -> Result<tonic::Response<FindMatchesResponse>, tonic::Status> {
-        if self.state.state() != IndexerState::Serving {
-            return Err(tonic::Status::unavailable(
-                "indexer replica is not serving yet",
-            ));
-        }
-        let request = request.into_inner();
-        let started = Instant::now();
-        let hashes = self.local_hashes(&request)?;
-        let scores = self.state.find_matches(&request.model, &hashes);
-        self.metrics.queries.inc();
-        self.metrics
-            .find_matches_seconds
-            .observe(started.elapsed().as_secs_f64());
-        Ok(tonic::Response::new(FindMatchesResponse {
-            scores: scores_to_proto(&scores),
-            frequencies: scores.frequencies,
-            applied_seq: self.state.applied_seq(),
-            partitions: self.state.layout.partitions.clone(),
-            missing_partitions: Vec::new(),
-        }))
+        self.answer(request.into_inner()).map(tonic::Response::new)
+    }
+
+    type FindMatchesStreamStream =
+        futures::stream::BoxStream<'static, Result<FindMatchesResponse, tonic::Status>>;
+
+    async fn find_matches_stream(
+        &self,
+        request: tonic::Request<tonic::Streaming<FindMatchesRequest>>,
+    ) -> Result<tonic::Response<Self::FindMatchesStreamStream>, tonic::Status> {
+        let service = self.clone();
+        let answers = request
+            .into_inner()
+            .map(move |query| service.answer(query?));
+        Ok(tonic::Response::new(answers.boxed()))
     }
 
     type SnapshotStream = futures::stream::BoxStream<'static, Result<SnapshotChunk, tonic::Status>>;

@@ -86,24 +86,86 @@ pub async fn run(args: IndexerServiceBench) -> anyhow::Result<()> {
             }
         })
         .collect();
-    let deadline = Instant::now() + Duration::from_secs_f64(args.duration);
+    let duration = Duration::from_secs_f64(args.duration);
+    let unary = load(address, &query, args.concurrency, duration, false).await?;
+    let streaming = load(address, &query, args.concurrency, duration, true).await?;
+    let report = serde_json::json!({
+        "queries": unary.queries,
+        "queries_per_sec": unary.per_sec,
+        "p50_us": unary.p50_us,
+        "p99_us": unary.p99_us,
+        "stream_queries": streaming.queries,
+        "stream_queries_per_sec": streaming.per_sec,
+        "stream_p50_us": streaming.p50_us,
+        "stream_p99_us": streaming.p99_us,
+        "entries": entries,
+        "query_blocks": query.len(),
+        "concurrency": args.concurrency,
+    });
+    if args.json {
+        println!("{report}");
+    } else {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    }
+    Ok(())
+}
+
+/// Throughput and latency of one load phase.
+struct Phase {
+    queries: usize,
+    per_sec: f64,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+/// Runs `concurrency` callers, each on its own connection, querying back to back for
+/// `duration`: with unary `FindMatches` calls, or over one `FindMatchesStream` per caller (one
+/// query in flight at a time, as a router waits for each answer).
+async fn load(
+    address: std::net::SocketAddr,
+    query: &[u64],
+    concurrency: usize,
+    duration: Duration,
+    streaming: bool,
+) -> anyhow::Result<Phase> {
+    let deadline = Instant::now() + duration;
     let mut callers = Vec::new();
-    for _ in 0..args.concurrency.max(1) {
+    for _ in 0..concurrency.max(1) {
         let endpoint =
             tonic::transport::Endpoint::from_shared(format!("http://{address}"))?.tcp_nodelay(true);
         let mut client = IndexerClient::new(endpoint.connect().await?);
-        let query = query.clone();
+        let request = FindMatchesRequest {
+            model: "bench".into(),
+            local_hashes: query.to_vec(),
+            ..Default::default()
+        };
         callers.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
-            while Instant::now() < deadline {
-                let started = Instant::now();
-                let request = FindMatchesRequest {
-                    model: "bench".into(),
-                    local_hashes: query.clone(),
-                    ..Default::default()
+            if streaming {
+                let (tx, rx) = mpsc::channel(1);
+                let Ok(response) = client
+                    .find_matches_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+                    .await
+                else {
+                    return latencies;
                 };
-                if client.find_matches(request).await.is_ok() {
-                    latencies.push(started.elapsed().as_secs_f64() * 1e6);
+                let mut answers = response.into_inner();
+                while Instant::now() < deadline {
+                    let started = Instant::now();
+                    if tx.send(request.clone()).await.is_err() {
+                        break;
+                    }
+                    match answers.message().await {
+                        Ok(Some(_)) => latencies.push(started.elapsed().as_secs_f64() * 1e6),
+                        _ => break,
+                    }
+                }
+            } else {
+                while Instant::now() < deadline {
+                    let started = Instant::now();
+                    if client.find_matches(request.clone()).await.is_ok() {
+                        latencies.push(started.elapsed().as_secs_f64() * 1e6);
+                    }
                 }
             }
             latencies
@@ -122,19 +184,10 @@ pub async fn run(args: IndexerServiceBench) -> anyhow::Result<()> {
             .copied()
             .unwrap_or(0.0)
     };
-    let report = serde_json::json!({
-        "queries": latencies.len(),
-        "queries_per_sec": latencies.len() as f64 / elapsed,
-        "p50_us": pct(0.5),
-        "p99_us": pct(0.99),
-        "entries": entries,
-        "query_blocks": query.len(),
-        "concurrency": args.concurrency,
-    });
-    if args.json {
-        println!("{report}");
-    } else {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    }
-    Ok(())
+    Ok(Phase {
+        queries: latencies.len(),
+        per_sec: latencies.len() as f64 / elapsed,
+        p50_us: pct(0.5),
+        p99_us: pct(0.99),
+    })
 }
