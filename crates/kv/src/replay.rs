@@ -160,23 +160,55 @@ struct TraceLine {
     hash_ids: Vec<u64>,
 }
 
+/// One request of a Mooncake-format trace, with the fields a timed replay needs.
+///
+/// Exists so the routing-quality benchmark reads traces with the same parser (and the same
+/// line-numbered errors) as the index replay.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct TraceRecord {
+    /// Arrival time in milliseconds since the trace's start (0 when absent).
+    #[serde(default)]
+    pub timestamp: f64,
+    /// Prompt tokens; `None` in traces that carry only block ids.
+    #[serde(default)]
+    pub input_length: Option<u64>,
+    /// Output tokens; `None` in traces that carry only block ids.
+    #[serde(default)]
+    pub output_length: Option<u64>,
+    /// One id per 512-token prompt block, chained: equal prefixes have equal id prefixes.
+    pub hash_ids: Vec<u64>,
+}
+
 /// Reads the `hash_ids` of every line of a Mooncake-format trace.
 pub fn load_trace(path: &Path) -> Result<Vec<Vec<u64>>, ReplayError> {
+    Ok(read_lines::<TraceLine>(path)?
+        .into_iter()
+        .map(|line| line.hash_ids)
+        .collect())
+}
+
+/// Reads every line of a Mooncake-format trace with its timestamp and lengths.
+pub fn load_trace_records(path: &Path) -> Result<Vec<TraceRecord>, ReplayError> {
+    read_lines(path)
+}
+
+/// Parses each non-blank line of a JSON-lines file; errors name the 1-based line.
+fn read_lines<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<T>, ReplayError> {
     let reader = std::io::BufReader::new(std::fs::File::open(path)?);
-    let mut requests = Vec::new();
+    let mut parsed = Vec::new();
     for (i, line) in reader.lines().enumerate() {
         let line = line?;
         if line.trim().is_empty() {
             continue;
         }
-        let parsed: TraceLine =
+        parsed.push(
             serde_json::from_str(&line).map_err(|source| ReplayError::Parse {
                 line: i + 1,
                 source,
-            })?;
-        requests.push(parsed.hash_ids);
+            })?,
+        );
     }
-    Ok(requests)
+    Ok(parsed)
 }
 
 /// Replays the trace at `trace_path` (see the module docs).

@@ -13,6 +13,9 @@ pub enum BenchCommand {
     Indexer(IndexerBench),
     /// FindMatches calls per second of one indexer replica over gRPC on loopback.
     IndexerService(IndexerServiceBench),
+    /// Routing quality: simulated engines on a virtual clock, the real router in each mode, a
+    /// trace or synthetic workload; prefix hit rate, TTFT, latency, throughput and imbalance.
+    Routing(Box<crate::bench_routing::RoutingBench>),
 }
 
 /// Options of `kvmesh bench indexer-service`.
@@ -83,6 +86,7 @@ pub struct IndexerBench {
 pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::IndexerService(args) => crate::bench_service::run(args).await,
+        BenchCommand::Routing(args) => crate::bench_routing::run(*args).await,
         BenchCommand::Indexer(args) => {
             let config = ReplayConfig {
                 workers: args.workers.max(1),
