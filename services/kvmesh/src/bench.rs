@@ -16,6 +16,9 @@ pub enum BenchCommand {
     /// Routing quality: simulated engines on a virtual clock, the real router in each mode, a
     /// trace or synthetic workload; prefix hit rate, TTFT, latency, throughput and imbalance.
     Routing(Box<crate::bench_routing::RoutingBench>),
+    /// Route calls per second of one `kvmesh-router` replica over gRPC on loopback (each
+    /// request also reported finished, as a frontend does).
+    RouterService(crate::bench_router_service::RouterServiceBench),
 }
 
 /// Options of `kvmesh bench indexer-service`.
@@ -87,6 +90,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::IndexerService(args) => crate::bench_service::run(args).await,
         BenchCommand::Routing(args) => crate::bench_routing::run(*args).await,
+        BenchCommand::RouterService(args) => crate::bench_router_service::run(args).await,
         BenchCommand::Indexer(args) => {
             let config = ReplayConfig {
                 workers: args.workers.max(1),
