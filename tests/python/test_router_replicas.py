@@ -36,7 +36,7 @@ def replicas_mesh():
     router_ports = [free_port() for _ in range(3)]
     metrics_port = free_port()
     routers = [
-        Proc(f"router{i}", ["kvmesh-router", "--router-mode", "kv", "--router-replica-sync",
+        Proc(f"router{i}", ["kvmesh-router", "--router-mode", "kv", "--router-replica-sync", "--use-remote-indexer",
                             "--tcp-rpc-port", str(port),
                             *(["--metrics-port", str(metrics_port)] if i == 0 else [])], env)
         for i, port in enumerate(router_ports)

@@ -32,6 +32,7 @@ pub use opts::FrontendOpts;
 use crate::http::{AppState, HttpSettings};
 use crate::metrics::FrontendMetrics;
 use crate::models::{NamespaceFilter, WatcherConfig};
+use kvmesh_router::fleet::IndexSettings;
 
 /// Runs the frontend until `shutdown`: unregisters, refuses new requests, drains in-flight ones
 /// within the graceful-shutdown limit, then stops.
@@ -64,14 +65,38 @@ pub async fn run(
         model_path: args.model_path.clone(),
         model_name: args.model_name.clone(),
         kv_cache_block_size: args.kv_cache_block_size,
-        router: router_config,
+        router: router_config.clone(),
         events,
         discovery: discovery.clone(),
-        kv_partitions: opts.runtime.kv_partitions,
-        indexer_timeout: Duration::from_millis(args.indexer_query_timeout_ms),
+        index: IndexSettings {
+            // A served index is found in discovery like any other replica.
+            use_remote_indexer: router_config.kv.use_remote_indexer
+                || router_config.kv.serve_indexer,
+            kv_partitions: opts.runtime.kv_partitions,
+            remote_timeout: Duration::from_millis(args.indexer_query_timeout_ms),
+            stream_max_age: Duration::from_secs(opts.runtime.nats_stream_max_age),
+            lanes: router_config.kv.event_threads,
+        },
         grpc: GrpcSettings::default(),
         remote_router: args.use_remote_router,
     };
+    let indexer_shutdown = shutdown.child_token();
+    let indexer_task = router_config.kv.serve_indexer.then(|| {
+        let namespace = args
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "dynamo".to_string());
+        let indexer = kvmesh_indexer::IndexerOpts::whole_namespace(
+            opts.runtime.clone(),
+            &namespace,
+            router_config.kv.event_threads as u64,
+        );
+        tokio::spawn(kvmesh_indexer::run(
+            indexer,
+            embedded.clone(),
+            indexer_shutdown.clone(),
+        ))
+    });
     let watch_shutdown = shutdown.child_token();
     let mut watch_task = tokio::spawn(models::watch_models(
         discovery.clone(),
@@ -190,6 +215,12 @@ pub async fn run(
         && let Ok(Ok(Err(error))) = tokio::time::timeout(Duration::from_secs(1), watch_task).await
     {
         tracing::warn!(%error, "model watcher stopped with an error");
+    }
+    indexer_shutdown.cancel();
+    if let Some(task) = indexer_task
+        && let Ok(Ok(Err(error))) = tokio::time::timeout(Duration::from_secs(3), task).await
+    {
+        tracing::warn!(%error, "served indexer stopped with an error");
     }
     match failure {
         Some(message) => anyhow::bail!(message),

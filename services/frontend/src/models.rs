@@ -10,7 +10,7 @@ use arc_swap::ArcSwap;
 use futures::StreamExt;
 use kvmesh_indexer::client::IndexerClient;
 use kvmesh_proto::v1::ModelCard;
-use kvmesh_router::fleet::{self, DiscoveredRecords, IndexerClients};
+use kvmesh_router::fleet::{self, DiscoveredRecords, IndexSettings, IndexSources};
 use kvmesh_router::{
     MonotonicClock, RemoteRouters, RouterConfig, RouterCore, RouterMode, SharedRouter,
 };
@@ -96,7 +96,7 @@ pub use kvmesh_router::fleet::NamespaceFilter;
 
 /// Router clients of the watcher, by namespace.
 struct Clients {
-    indexers: IndexerClients,
+    indexes: IndexSources,
     remotes: Remotes,
 }
 
@@ -116,10 +116,8 @@ pub struct WatcherConfig {
     pub events: Arc<dyn EventPlane>,
     /// Discovery handle (indexer replicas are found through it).
     pub discovery: Arc<dyn Discovery>,
-    /// `--kv-partitions` of the indexer shards.
-    pub kv_partitions: u32,
-    /// Limit of one overlap query.
-    pub indexer_timeout: Duration,
+    /// Where routers read KV overlap (remote shards or an in-process index).
+    pub index: IndexSettings,
     /// gRPC settings for worker connections.
     pub grpc: GrpcSettings,
     /// `--use-remote-router`: whether requests route through `kvmesh-router` replicas.
@@ -211,10 +209,10 @@ pub async fn watch_models(
     let mut models: HashMap<String, ModelState> = HashMap::new();
     let mut pipelines: HashMap<PathBuf, Arc<Pipeline>> = HashMap::new();
     let mut clients = Clients {
-        indexers: IndexerClients::new(
+        indexes: IndexSources::new(
             config.discovery.clone(),
-            config.kv_partitions,
-            config.indexer_timeout,
+            config.events.clone(),
+            config.index.clone(),
         ),
         remotes: Remotes {
             discovery: config.discovery.clone(),
@@ -301,12 +299,13 @@ async fn reconcile(
                     continue;
                 }
             };
-            let router = SharedRouter::new(core, Arc::new(MonotonicClock::new()));
-            let indexer = if config.uses_indexer() {
-                clients.indexers.get(&record.namespace, shutdown).await
+            let index = if config.uses_indexer() {
+                clients.indexes.get(&record.namespace, shutdown).await
             } else {
                 None
             };
+            let (core, indexer) = fleet::attach_index(core, index);
+            let router = SharedRouter::new(core, Arc::new(MonotonicClock::new()));
             let remote = match config.remote_router {
                 RemoteRouterMode::Off => None,
                 RemoteRouterMode::Auto | RemoteRouterMode::On => {

@@ -9,6 +9,7 @@ pub mod bootstrap;
 pub mod client;
 pub mod consumer;
 pub mod convert;
+pub mod embedded;
 pub mod markers;
 pub mod metrics;
 pub mod service;
@@ -86,6 +87,21 @@ pub struct IndexerOpts {
 }
 
 impl IndexerOpts {
+    /// A replica of the single shard owning every partition of `namespace`, for a process that
+    /// serves its own index (`--serve-indexer`, `kvmesh up`) on `runtime`'s gRPC address.
+    pub fn whole_namespace(runtime: RuntimeOpts, namespace: &str, event_threads: u64) -> Self {
+        Self {
+            runtime,
+            namespace: namespace.to_string(),
+            shard: 0,
+            shards: 1,
+            partitions: Vec::new(),
+            event_threads: event_threads.max(1),
+            metrics_port: None,
+            sweep_secs: 60,
+        }
+    }
+
     /// The partitions this replica owns, or an error naming the flag.
     pub fn layout(&self) -> Result<ShardLayout, String> {
         let num_partitions = self.runtime.kv_partitions;

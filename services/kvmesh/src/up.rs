@@ -101,6 +101,9 @@ pub async fn run(opts: UpOpts) -> anyhow::Result<()> {
     let mut frontend_args = opts.frontend.clone();
     frontend_args.model_path = Some(model_path);
     frontend_args.model_name = Some(model_name);
+    // The in-process shard below serves the index; the frontend queries it like a remote one.
+    frontend_args.router.use_remote_indexer = true;
+    frontend_args.router.serve_indexer = false;
     let frontend = FrontendOpts {
         runtime: opts.runtime.clone(),
         frontend: frontend_args,
@@ -108,16 +111,7 @@ pub async fn run(opts: UpOpts) -> anyhow::Result<()> {
 
     // One in-process indexer shard owning every partition, fed by the in-process event plane;
     // it serves `kvmesh.v1.Indexer` on --tcp-rpc-host/--tcp-rpc-port.
-    let indexer = IndexerOpts {
-        runtime: opts.runtime.clone(),
-        namespace: mocker.endpoint.namespace.clone(),
-        shard: 0,
-        shards: 1,
-        partitions: Vec::new(),
-        event_threads: 2,
-        metrics_port: None,
-        sweep_secs: 60,
-    };
+    let indexer = IndexerOpts::whole_namespace(opts.runtime.clone(), &mocker.endpoint.namespace, 2);
     let indexer_task = tokio::spawn(kvmesh_indexer::run(
         indexer,
         Some(embedded.clone()),

@@ -151,6 +151,17 @@ pub struct RouterArgs {
     #[arg(long, env = "DYN_ROUTER_EVENT_THREADS", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..))]
     pub router_event_threads: u64,
 
+    /// Read KV overlap from `kvmesh-indexer` shards over gRPC instead of an index kept in this
+    /// process from the event stream.
+    #[arg(long, env = "DYN_USE_REMOTE_INDEXER", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub use_remote_indexer: bool,
+
+    /// Also serve this process's index as `kvmesh.v1.Indexer` (registered as an indexer replica
+    /// owning every partition) on --tcp-rpc-host/--tcp-rpc-port; needs kv mode, not with
+    /// --use-remote-indexer.
+    #[arg(long, env = "DYN_SERVE_INDEXER", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub serve_indexer: bool,
+
     /// Share active load with router replicas.
     #[arg(long, env = "DYN_ROUTER_REPLICA_SYNC", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
     pub router_replica_sync: bool,
@@ -290,6 +301,8 @@ impl RouterArgs {
             active_request_expiry: Duration::from_secs(self.router_active_request_expiry_secs),
             overlap_refresh_after: (self.router_overlap_refresh_after_secs > 0.0)
                 .then(|| Duration::from_secs_f64(self.router_overlap_refresh_after_secs)),
+            use_remote_indexer: self.use_remote_indexer,
+            serve_indexer: self.serve_indexer,
         };
         if let Some(weight) = self.legacy_weight(&env)? {
             apply_legacy_overlap_weight(

@@ -134,6 +134,11 @@ pub struct KvRouterConfig {
     pub active_request_expiry: Duration,
     /// Queue wait after which overlap is re-queried at dequeue; `None` = never.
     pub overlap_refresh_after: Option<Duration>,
+    /// Read overlap from indexer shards over gRPC (`--use-remote-indexer`) rather than from an
+    /// index this process keeps from the event stream.
+    pub use_remote_indexer: bool,
+    /// Serve this process's index to others (`--serve-indexer`).
+    pub serve_indexer: bool,
 }
 
 impl Default for KvRouterConfig {
@@ -160,6 +165,8 @@ impl Default for KvRouterConfig {
             event_threads: 4,
             active_request_expiry: Duration::from_secs(300),
             overlap_refresh_after: Some(Duration::from_secs(10)),
+            use_remote_indexer: false,
+            serve_indexer: false,
         }
     }
 }
@@ -267,6 +274,17 @@ impl RouterConfig {
             "--router-decode-active-request-weight (DYN_ROUTER_DECODE_ACTIVE_REQUEST_WEIGHT)",
             kv.decode_active_request_weight,
         )?;
+        if kv.serve_indexer && kv.use_remote_indexer {
+            return Err(ConfigError(
+                "--serve-indexer (DYN_SERVE_INDEXER): cannot be combined with --use-remote-indexer"
+                    .into(),
+            ));
+        }
+        if kv.serve_indexer && !(self.mode == RouterMode::Kv && kv.use_kv_events) {
+            return Err(ConfigError(
+                "--serve-indexer (DYN_SERVE_INDEXER): needs --router-mode kv with KV events".into(),
+            ));
+        }
         if kv.ttl.is_zero() {
             return Err(ConfigError(
                 "--router-ttl-secs (DYN_ROUTER_TTL_SECS): must be > 0".into(),

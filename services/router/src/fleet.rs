@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
 use kvmesh_indexer::client::IndexerClient;
+use kvmesh_indexer::shard::ShardState;
 use kvmesh_proto::v1::{InstanceRecord, ModelCard, ModelRecord};
 use kvmesh_runtime::discovery::{Discovery, WatchEvent};
 use kvmesh_runtime::event_plane::EventPlane;
@@ -154,53 +155,109 @@ pub fn spawn_load_feed(
     })
 }
 
-/// Indexer clients by namespace, connected on first use and kept for the owner's life.
-pub struct IndexerClients {
-    discovery: Arc<dyn Discovery>,
-    kv_partitions: u32,
-    timeout: Duration,
-    clients: HashMap<String, IndexerClient>,
+/// Where a model's router reads KV overlap.
+#[derive(Clone)]
+pub enum ModelIndex {
+    /// `kvmesh-indexer` shards of the namespace, over gRPC (`--use-remote-indexer`).
+    Remote(IndexerClient),
+    /// An index this process keeps from the namespace's event stream.
+    Local(Arc<ShardState>),
 }
 
-impl IndexerClients {
-    /// Clients that find indexer replicas through `discovery`.
-    pub fn new(discovery: Arc<dyn Discovery>, kv_partitions: u32, timeout: Duration) -> Self {
+/// Settings of the indexes a routing process reads.
+#[derive(Clone)]
+pub struct IndexSettings {
+    /// Query shards over gRPC instead of keeping an index in-process.
+    pub use_remote_indexer: bool,
+    /// `--kv-partitions` of the namespace.
+    pub kv_partitions: u32,
+    /// Deadline of one remote shard query.
+    pub remote_timeout: Duration,
+    /// Retention of the KV event stream (when this process creates it).
+    pub stream_max_age: Duration,
+    /// Apply threads per model of an in-process index.
+    pub lanes: usize,
+}
+
+/// The index of each namespace, connected or started on first use and kept for the owner's life.
+pub struct IndexSources {
+    discovery: Arc<dyn Discovery>,
+    events: Arc<dyn EventPlane>,
+    settings: IndexSettings,
+    indexes: HashMap<String, ModelIndex>,
+}
+
+impl IndexSources {
+    /// Indexes found through `discovery` (remote) or fed from `events` (in-process).
+    pub fn new(
+        discovery: Arc<dyn Discovery>,
+        events: Arc<dyn EventPlane>,
+        settings: IndexSettings,
+    ) -> Self {
         Self {
             discovery,
-            kv_partitions,
-            timeout,
-            clients: HashMap::new(),
+            events,
+            settings,
+            indexes: HashMap::new(),
         }
     }
 
-    /// The client of `namespace`'s shards; `None` (routing without overlap) when discovery
-    /// cannot be watched.
+    /// The index of `namespace`; `None` (routing without overlap) when it cannot be had.
     pub async fn get(
         &mut self,
         namespace: &str,
         shutdown: &CancellationToken,
-    ) -> Option<IndexerClient> {
-        if let Some(client) = self.clients.get(namespace) {
-            return Some(client.clone());
+    ) -> Option<ModelIndex> {
+        if let Some(index) = self.indexes.get(namespace) {
+            return Some(index.clone());
         }
-        match IndexerClient::connect(
-            self.discovery.clone(),
-            namespace,
-            self.kv_partitions,
-            self.timeout,
-            shutdown.child_token(),
-        )
-        .await
-        {
-            Ok(client) => {
-                self.clients.insert(namespace.to_string(), client.clone());
-                Some(client)
+        let settings = &self.settings;
+        let index = if settings.use_remote_indexer {
+            IndexerClient::connect(
+                self.discovery.clone(),
+                namespace,
+                settings.kv_partitions,
+                settings.remote_timeout,
+                shutdown.child_token(),
+            )
+            .await
+            .map(ModelIndex::Remote)
+        } else {
+            kvmesh_indexer::embedded::start(
+                self.events.clone(),
+                self.discovery.clone(),
+                namespace,
+                settings.kv_partitions,
+                settings.stream_max_age,
+                settings.lanes,
+                shutdown.child_token(),
+            )
+            .await
+            .map(ModelIndex::Local)
+        };
+        match index {
+            Ok(index) => {
+                self.indexes.insert(namespace.to_string(), index.clone());
+                Some(index)
             }
             Err(error) => {
-                tracing::warn!(%namespace, %error, "cannot watch indexer replicas; routing without overlap");
+                tracing::warn!(%namespace, %error, "no KV index; routing without overlap");
                 None
             }
         }
+    }
+}
+
+/// Attaches `index` to a new router core: an in-process index becomes the core's overlap
+/// source; a remote one is returned for the caller to query before each decision.
+pub fn attach_index(
+    core: crate::RouterCore,
+    index: Option<ModelIndex>,
+) -> (crate::RouterCore, Option<IndexerClient>) {
+    match index {
+        Some(ModelIndex::Local(state)) => (core.with_overlap_source(state), None),
+        Some(ModelIndex::Remote(client)) => (core, Some(client)),
+        None => (core, None),
     }
 }
 

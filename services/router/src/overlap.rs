@@ -25,6 +25,12 @@ impl OverlapSource for ConcurrentIndex {
     }
 }
 
+impl OverlapSource for kvmesh_indexer::shard::ShardState {
+    fn find_matches(&self, model: &str, local_hashes: &[u64]) -> OverlapScores {
+        kvmesh_indexer::shard::ShardState::find_matches(self, model, local_hashes)
+    }
+}
+
 impl OverlapSource for RwLock<RadixIndex> {
     fn find_matches(&self, _model: &str, local_hashes: &[u64]) -> OverlapScores {
         self.read()

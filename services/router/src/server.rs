@@ -22,7 +22,7 @@ use kvmesh_runtime::worker_client::GrpcSettings;
 use tokio_util::sync::CancellationToken;
 
 use crate::args::RouterArgs;
-use crate::fleet::{IndexerClients, NamespaceFilter};
+use crate::fleet::{IndexSettings, IndexSources, NamespaceFilter};
 use crate::metrics::RouterMetrics;
 use crate::remote::{ROUTER_COMPONENT, ROUTER_ENDPOINT};
 use crate::service::{FleetConfig, RoutedTable, RouterService, watch_models};
@@ -77,19 +77,41 @@ pub async fn run(
             exact: Some(opts.namespace.clone()),
             prefix: None,
         },
-        router: router_config,
+        router: router_config.clone(),
         kv_cache_block_size: opts.kv_cache_block_size,
         events: events.clone(),
         discovery: discovery.clone(),
-        indexers: IndexerClients::new(
+        indexes: IndexSources::new(
             discovery.clone(),
-            opts.runtime.kv_partitions,
-            Duration::from_millis(opts.indexer_query_timeout_ms),
+            events.clone(),
+            IndexSettings {
+                use_remote_indexer: router_config.kv.use_remote_indexer
+                    || router_config.kv.serve_indexer,
+                kv_partitions: opts.runtime.kv_partitions,
+                remote_timeout: Duration::from_millis(opts.indexer_query_timeout_ms),
+                stream_max_age: Duration::from_secs(opts.runtime.nats_stream_max_age),
+                lanes: router_config.kv.event_threads,
+            },
         ),
         grpc: GrpcSettings::default(),
         router_id: format!("{:x}", discovery.instance_id()),
     };
     tasks.spawn(watch_models(table.clone(), fleet, tasks_shutdown.clone()));
+    if router_config.kv.serve_indexer {
+        // The served replica registers itself; this replica's routers find it like any other.
+        let mut runtime = opts.runtime.clone();
+        runtime.tcp_rpc_port = 0;
+        let indexer = kvmesh_indexer::IndexerOpts::whole_namespace(
+            runtime,
+            &opts.namespace,
+            router_config.kv.event_threads as u64,
+        );
+        tasks.spawn(kvmesh_indexer::run(
+            indexer,
+            embedded.clone(),
+            tasks_shutdown.clone(),
+        ));
+    }
 
     let bind: SocketAddr = format!(
         "{}:{}",

@@ -21,7 +21,7 @@ use tonic::{Request, Response, Status};
 use crate::config::RouterConfig;
 use crate::core::RouterCore;
 use crate::error::RouteError;
-use crate::fleet::{self, DiscoveredRecords, IndexerClients, NamespaceFilter};
+use crate::fleet::{self, DiscoveredRecords, IndexSources, NamespaceFilter};
 use crate::metrics::RouterMetrics;
 use crate::request::{RouteRequest, TerminalPath};
 use crate::routing::route_with_index;
@@ -58,8 +58,8 @@ pub struct FleetConfig {
     pub events: Arc<dyn EventPlane>,
     /// Discovery (workers, indexer replicas).
     pub discovery: Arc<dyn Discovery>,
-    /// Indexer clients of the namespaces.
-    pub indexers: IndexerClients,
+    /// The KV index of each namespace (remote shards or in-process).
+    pub indexes: IndexSources,
     /// gRPC settings of worker connections.
     pub grpc: GrpcSettings,
     /// Prefix of every router id this replica signs sync events with.
@@ -157,12 +157,13 @@ async fn reconcile(
                     continue;
                 }
             };
-            let router = SharedRouter::new(core, Arc::new(MonotonicClock::new()));
-            let indexer = if config.uses_indexer() {
-                config.indexers.get(&first.namespace, shutdown).await
+            let index = if config.uses_indexer() {
+                config.indexes.get(&first.namespace, shutdown).await
             } else {
                 None
             };
+            let (core, indexer) = fleet::attach_index(core, index);
+            let router = SharedRouter::new(core, Arc::new(MonotonicClock::new()));
             let sync_stop = shutdown.child_token();
             if config.router.replica_sync
                 && let Err(error) = crate::replica_sync::start(
