@@ -147,6 +147,35 @@ pub struct RouterArgs {
     #[arg(long, env = "DYN_ROUTER_PREDICTED_TTL_SECS", value_parser = positive, allow_negative_numbers = true)]
     pub router_predicted_ttl_secs: Option<f64>,
 
+    /// Hash that keys tracked requests and sync events: `public-xxh3-v1` (the block hash of
+    /// specs/kv-events.md); `keyed-xxh3-v1` is refused until keyed hashing exists.
+    #[arg(
+        long,
+        env = "DYN_ROUTER_TRACKING_HASH",
+        default_value = "public-xxh3-v1"
+    )]
+    pub router_tracking_hash: String,
+    /// Key file of `keyed-xxh3-v1` (refused with it).
+    #[arg(long, env = "DYN_ROUTER_TRACKING_KEY_FILE")]
+    pub router_tracking_key_file: Option<std::path::PathBuf>,
+    /// Key id of `keyed-xxh3-v1` (refused with it).
+    #[arg(long, env = "DYN_ROUTER_TRACKING_KEY_ID")]
+    pub router_tracking_key_id: Option<String>,
+
+    /// Serve aggregated when no prefill workers exist (always the case until disaggregated
+    /// serving exists, so requests are served aggregated either way).
+    #[arg(long, env = "DYN_DECODE_FALLBACK", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub decode_fallback: bool,
+
+    /// KV events are always consumed from the durable stream; accepted for compatibility.
+    #[arg(long, env = "DYN_ROUTER_DURABLE_KV_EVENTS", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub router_durable_kv_events: bool,
+
+    /// Prefill load model: `none` counts uncached prompt tokens until the first token; `aic` /
+    /// `ais` (a predicted prefill duration) are refused until the predictor exists.
+    #[arg(long, env = "DYN_ROUTER_PREFILL_LOAD_MODEL", default_value = "none")]
+    pub router_prefill_load_model: String,
+
     /// Apply threads of the in-process KV index.
     #[arg(long, env = "DYN_ROUTER_EVENT_THREADS", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..))]
     pub router_event_threads: u64,
@@ -304,6 +333,7 @@ impl RouterArgs {
             use_remote_indexer: self.use_remote_indexer,
             serve_indexer: self.serve_indexer,
         };
+        self.check_unsupported()?;
         if let Some(weight) = self.legacy_weight(&env)? {
             apply_legacy_overlap_weight(
                 weight,
@@ -362,6 +392,39 @@ impl RouterArgs {
             );
         }
         warnings
+    }
+
+    /// Refuses the values of this table's flags that name features not in this release, naming
+    /// the flag; `public-xxh3-v1` and `none` are the working values.
+    fn check_unsupported(&self) -> Result<(), ConfigError> {
+        match self.router_tracking_hash.as_str() {
+            "public-xxh3-v1" => {}
+            "keyed-xxh3-v1" => {
+                return Err(ConfigError(
+                    "--router-tracking-hash (DYN_ROUTER_TRACKING_HASH): keyed-xxh3-v1 is not supported in this release; use public-xxh3-v1".into(),
+                ));
+            }
+            other => {
+                return Err(ConfigError(format!(
+                    "--router-tracking-hash (DYN_ROUTER_TRACKING_HASH): unknown hash {other:?}; expected public-xxh3-v1 or keyed-xxh3-v1"
+                )));
+            }
+        }
+        if self.router_tracking_key_file.is_some() || self.router_tracking_key_id.is_some() {
+            return Err(ConfigError(
+                "--router-tracking-key-file / --router-tracking-key-id: only used by keyed-xxh3-v1, which is not supported in this release".into(),
+            ));
+        }
+        match self.router_prefill_load_model.as_str() {
+            "none" => Ok(()),
+            "aic" | "ais" => Err(ConfigError(format!(
+                "--router-prefill-load-model (DYN_ROUTER_PREFILL_LOAD_MODEL): {} is not supported in this release; use none",
+                self.router_prefill_load_model
+            ))),
+            other => Err(ConfigError(format!(
+                "--router-prefill-load-model (DYN_ROUTER_PREFILL_LOAD_MODEL): unknown model {other:?}; expected none, aic or ais"
+            ))),
+        }
     }
 
     fn legacy_weight(

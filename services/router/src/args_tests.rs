@@ -31,6 +31,14 @@ fn defaults_are_the_spec_defaults() {
 fn flags_and_environment_names_match_the_spec() {
     let expected = [
         ("router-mode", "DYN_ROUTER_MODE"),
+        ("use-remote-indexer", "DYN_USE_REMOTE_INDEXER"),
+        ("serve-indexer", "DYN_SERVE_INDEXER"),
+        ("router-tracking-hash", "DYN_ROUTER_TRACKING_HASH"),
+        ("router-tracking-key-file", "DYN_ROUTER_TRACKING_KEY_FILE"),
+        ("router-tracking-key-id", "DYN_ROUTER_TRACKING_KEY_ID"),
+        ("decode-fallback", "DYN_DECODE_FALLBACK"),
+        ("router-durable-kv-events", "DYN_ROUTER_DURABLE_KV_EVENTS"),
+        ("router-prefill-load-model", "DYN_ROUTER_PREFILL_LOAD_MODEL"),
         (
             "router-min-initial-workers",
             "DYN_ROUTER_MIN_INITIAL_WORKERS",
@@ -311,4 +319,46 @@ fn env_only_options_convert() {
     assert_eq!(config.kv.active_request_expiry, Duration::from_secs(30));
     assert_eq!(config.kv.overlap_refresh_after, None);
     assert_eq!(config.encoder_cuda_to_cpu_ratio, 2.0);
+}
+
+#[test]
+fn features_of_later_releases_are_refused_naming_the_flag() {
+    assert!(parse(&["--router-tracking-hash", "public-xxh3-v1"]).is_ok());
+    assert!(parse(&["--router-prefill-load-model", "none", "--decode-fallback"]).is_ok());
+    assert!(parse(&["--router-durable-kv-events"]).is_ok());
+    for (args, flag) in [
+        (
+            &["--router-tracking-hash", "keyed-xxh3-v1"][..],
+            "--router-tracking-hash",
+        ),
+        (
+            &["--router-tracking-hash", "sha"][..],
+            "--router-tracking-hash",
+        ),
+        (
+            &["--router-tracking-key-id", "k"][..],
+            "--router-tracking-key-id",
+        ),
+        (
+            &["--router-prefill-load-model", "aic"][..],
+            "--router-prefill-load-model",
+        ),
+        (
+            &["--router-prefill-load-model", "x"][..],
+            "--router-prefill-load-model",
+        ),
+        (
+            &[
+                "--router-mode",
+                "kv",
+                "--serve-indexer",
+                "--use-remote-indexer",
+            ][..],
+            "--serve-indexer",
+        ),
+        (&["--serve-indexer"][..], "--serve-indexer"),
+    ] {
+        let message = error(args);
+        assert!(message.contains(flag), "{args:?}: {message}");
+    }
 }
