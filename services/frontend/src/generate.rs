@@ -55,6 +55,17 @@ pub struct Started {
     stream: ResponseStream,
     /// The worker's load held for this request; released when the stream ends or is dropped.
     guard: Option<Lease>,
+    /// What migrating the request needs (`--migration-limit` above 0).
+    resume: Option<Resume>,
+}
+
+/// A request's original form and what is left of its migration budget (router.md §16).
+struct Resume {
+    entry: Arc<ModelEntry>,
+    request: GenerateRequest,
+    hints: RoutingHints,
+    first_response_timeout: Option<Duration>,
+    remaining: u32,
 }
 
 /// How many workers one request tries before giving up, when the earlier ones are unreachable.
@@ -66,6 +77,25 @@ const MAX_START_ATTEMPTS: usize = 3;
 /// yet expired from discovery) is freed as an error and the request is routed again among the
 /// workers not tried yet: nothing has reached the client, so retrying is safe.
 pub async fn start(
+    entry: &Arc<ModelEntry>,
+    request: GenerateRequest,
+    hints: RoutingHints,
+    first_response_timeout: Option<Duration>,
+) -> Result<Started, FrontendError> {
+    let resume = (entry.migration_limit > 0).then(|| Resume {
+        entry: entry.clone(),
+        request: request.clone(),
+        hints: hints.clone(),
+        first_response_timeout,
+        remaining: entry.migration_limit,
+    });
+    let mut started = start_routed(entry, request, hints, first_response_timeout).await?;
+    started.resume = resume;
+    Ok(started)
+}
+
+/// [`start`] without the migration state.
+async fn start_routed(
     entry: &Arc<ModelEntry>,
     request: GenerateRequest,
     hints: RoutingHints,
@@ -263,7 +293,91 @@ async fn start_on(
         first: Some(first),
         stream,
         guard: None,
+        resume: None,
     })
+}
+
+/// Whether a worker failure lets the request continue elsewhere (router.md §16): the worker
+/// could not be reached, went away or shut down; never a cancellation, an overload or a
+/// rejected request.
+fn is_migratable(error: &FrontendError) -> bool {
+    matches!(
+        error,
+        FrontendError::Worker {
+            code: kvmesh_runtime::ErrorCode::Unavailable
+                | kvmesh_runtime::ErrorCode::Internal
+                | kvmesh_runtime::ErrorCode::Timeout,
+            ..
+        }
+    )
+}
+
+/// Moves a request that failed mid-stream to another worker: its prompt plus the tokens already
+/// streamed, `max_tokens` reduced by their count. Returns the new generation, or `None` when the
+/// budget is spent, the error is not migratable, or no worker takes it.
+async fn migrate(
+    resume: &mut Option<Resume>,
+    generated: &[u32],
+    failed_worker: u64,
+    error: &FrontendError,
+) -> Option<Started> {
+    let state = resume.as_mut()?;
+    if state.remaining == 0 || !is_migratable(error) {
+        return None;
+    }
+    state.remaining -= 1;
+    let entry = state.entry.clone();
+    let mut request = state.request.clone();
+    request.token_ids.extend_from_slice(generated);
+    let generated_len = u32::try_from(generated.len()).unwrap_or(u32::MAX);
+    if let Some(stop) = request.stop.as_mut()
+        && let Some(max_tokens) = stop.max_tokens.as_mut()
+    {
+        *max_tokens = max_tokens.saturating_sub(generated_len);
+        if *max_tokens == 0 {
+            return None;
+        }
+    }
+    if let Some(stop) = request.stop.as_mut() {
+        stop.min_tokens = stop.min_tokens.map(|min| min.saturating_sub(generated_len));
+    }
+    let migration = request.migration.get_or_insert_default();
+    migration.num_migrations += 1;
+    migration.generated_token_ids = generated.to_vec();
+    let mut hints = state.hints.clone();
+    // The failed worker is still listed until its lease expires: route around it.
+    let allowed: Vec<u64> = entry
+        .workers
+        .iter()
+        .map(|w| w.id)
+        .filter(|id| {
+            *id != failed_worker
+                && hints
+                    .allowed_worker_ids
+                    .as_ref()
+                    .is_none_or(|allowed| allowed.contains(id))
+        })
+        .collect();
+    if allowed.is_empty() {
+        return None;
+    }
+    hints.allowed_worker_ids = Some(allowed);
+    let kind = if generated.is_empty() {
+        "new_request"
+    } else {
+        "ongoing_request"
+    };
+    match start_routed(&entry, request, hints, state.first_response_timeout).await {
+        Ok(started) => {
+            entry.metrics.count_migration(kind);
+            tracing::info!(%error, from = %format!("{failed_worker:x}"), to = %format!("{:x}", started.worker_id), kind, "request migrated");
+            Some(started)
+        }
+        Err(next_error) => {
+            tracing::warn!(%error, %next_error, "migration failed");
+            None
+        }
+    }
 }
 
 /// Text deltas of a started generation. Ends after the delta carrying a finish reason, or with an
@@ -278,9 +392,12 @@ pub fn text_deltas(
         mut first,
         stream,
         guard,
+        mut resume,
+        mut worker_id,
         ..
     } = started;
     let begin = Instant::now();
+    let max_seq_len = resume.as_ref().and_then(|r| r.entry.migration_max_seq_len);
     async_stream::stream! {
         let mut stream = stream;
         // Dropped with the stream (client disconnect) it frees the request as disconnected.
@@ -288,26 +405,50 @@ pub fn text_deltas(
         let mut is_first_token_reported = false;
         let mut usage = TokenUsage { prompt_tokens: num_prompt_tokens, ..Default::default() };
         let mut last_token_at: Option<Instant> = None;
+        // Tokens streamed so far, kept only while the request may migrate.
+        let mut generated: Vec<u32> = Vec::new();
+        let mut has_migrated = false;
         loop {
-            let response = match first.take() {
-                Some(response) => response,
+            let next = match first.take() {
+                Some(response) => Ok(response),
                 None => match stream.next().await {
-                    Some(Ok(response)) => response,
-                    Some(Err(status)) => {
-                        release(&mut guard, TerminalPath::Error);
-                        yield Err(FrontendError::from(status));
-                        return;
-                    }
-                    None => {
-                        release(&mut guard, TerminalPath::Error);
-                        yield Err(FrontendError::Worker {
-                            code: kvmesh_runtime::ErrorCode::Unavailable,
-                            message: "worker stream ended without a finish reason".into(),
-                        });
-                        return;
-                    }
+                    Some(Ok(response)) => Ok(response),
+                    Some(Err(status)) => Err(FrontendError::from(status)),
+                    None => Err(FrontendError::Worker {
+                        code: kvmesh_runtime::ErrorCode::Unavailable,
+                        message: "worker stream ended without a finish reason".into(),
+                    }),
                 },
             };
+            let response = match next {
+                Ok(response) => response,
+                Err(error) => {
+                    if let Some(moved) = migrate(&mut resume, &generated, worker_id, &error).await {
+                        release(&mut guard, TerminalPath::Migrated);
+                        let Started { first: moved_first, stream: moved_stream, guard: moved_guard, worker_id: moved_worker, .. } = moved;
+                        first = moved_first;
+                        stream = moved_stream;
+                        guard = moved_guard;
+                        worker_id = moved_worker;
+                        is_first_token_reported = false;
+                        has_migrated = true;
+                        continue;
+                    }
+                    release(&mut guard, TerminalPath::Error);
+                    yield Err(error);
+                    return;
+                }
+            };
+            if resume.is_some() && !response.token_ids.is_empty() {
+                generated.extend_from_slice(&response.token_ids);
+                let total = u64::from(num_prompt_tokens) + generated.len() as u64;
+                if max_seq_len.is_some_and(|limit| total > u64::from(limit)) {
+                    // Past --migration-max-seq-len the request is no longer tracked for migration.
+                    metrics.migration_max_seq_len_exceeded.inc();
+                    resume = None;
+                    generated = Vec::new();
+                }
+            }
             if !response.token_ids.is_empty() {
                 let now = Instant::now();
                 match last_token_at {
@@ -318,7 +459,8 @@ pub fn text_deltas(
             }
             if let Some(reported) = &response.usage {
                 usage.cached_tokens = reported.cached_tokens;
-                if reported.prompt_tokens > 0 {
+                // After a migration the worker's prompt includes the tokens already streamed.
+                if reported.prompt_tokens > 0 && !has_migrated {
                     usage.prompt_tokens = reported.prompt_tokens;
                 }
             }

@@ -79,6 +79,8 @@ pub async fn run(
         },
         grpc: GrpcSettings::default(),
         remote_router: args.use_remote_router,
+        migration_limit: args.migration_limit,
+        migration_max_seq_len: args.migration_max_seq_len,
     };
     let indexer_shutdown = shutdown.child_token();
     let indexer_task = router_config.kv.serve_indexer.then(|| {

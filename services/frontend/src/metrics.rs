@@ -24,6 +24,8 @@ pub struct FrontendMetrics {
     model_config: Vec<IntGaugeVec>,
     rejections: IntCounterVec,
     queue_pending: IntGaugeVec,
+    migrations: IntCounterVec,
+    migration_max_seq_len_exceeded: IntCounterVec,
 }
 
 /// Gauges describing each served model's card, in [`ModelConfig`] field order.
@@ -139,6 +141,22 @@ impl FrontendMetrics {
             ),
             &["worker_type"],
         )?;
+        let migrations = IntCounterVec::new(
+            Opts::new(
+                name("model_migration_total"),
+                "requests moved to another worker after a failure",
+            ),
+            &["model", "migration_type"],
+        )?;
+        let migration_max_seq_len_exceeded = IntCounterVec::new(
+            Opts::new(
+                name("model_migration_max_seq_len_exceeded_total"),
+                "requests that grew past --migration-max-seq-len and stopped being migratable",
+            ),
+            &["model"],
+        )?;
+        registry.register(Box::new(migrations.clone()))?;
+        registry.register(Box::new(migration_max_seq_len_exceeded.clone()))?;
         registry.register(Box::new(rejections.clone()))?;
         registry.register(Box::new(queue_pending.clone()))?;
         let mut model_config = Vec::with_capacity(MODEL_CONFIG_GAUGES.len());
@@ -162,6 +180,8 @@ impl FrontendMetrics {
             model_config,
             rejections,
             queue_pending,
+            migrations,
+            migration_max_seq_len_exceeded,
         })
     }
 
@@ -206,6 +226,13 @@ impl FrontendMetrics {
             output_tokens: self.output_tokens.with_label_values(&[model]),
             output_tokens_total: self.output_tokens_total.with_label_values(&[model]),
             cached_tokens: self.cached_tokens.with_label_values(&[model]),
+            migrations_new: self.migrations.with_label_values(&[model, "new_request"]),
+            migrations_ongoing: self
+                .migrations
+                .with_label_values(&[model, "ongoing_request"]),
+            migration_max_seq_len_exceeded: self
+                .migration_max_seq_len_exceeded
+                .with_label_values(&[model]),
         }
     }
 
@@ -249,4 +276,20 @@ pub struct ModelMetrics {
     pub output_tokens_total: IntCounter,
     /// Cached prompt tokens per request.
     pub cached_tokens: Histogram,
+    /// Migrations before the first token.
+    pub migrations_new: IntCounter,
+    /// Migrations after tokens were streamed.
+    pub migrations_ongoing: IntCounter,
+    /// Requests that stopped being migratable (`--migration-max-seq-len`).
+    pub migration_max_seq_len_exceeded: IntCounter,
+}
+
+impl ModelMetrics {
+    /// Counts one migration of `kind` (`new_request` or `ongoing_request`).
+    pub fn count_migration(&self, kind: &str) {
+        match kind {
+            "new_request" => self.migrations_new.inc(),
+            _ => self.migrations_ongoing.inc(),
+        }
+    }
 }

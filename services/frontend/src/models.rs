@@ -60,6 +60,10 @@ pub struct ModelEntry {
     pub context_length: u32,
     /// Tokens per KV block.
     pub kv_cache_block_size: u32,
+    /// Migrations allowed per request (`--migration-limit`, else the worker card's).
+    pub migration_limit: u32,
+    /// `--migration-max-seq-len`.
+    pub migration_max_seq_len: Option<u32>,
 }
 
 impl ModelEntry {
@@ -122,6 +126,10 @@ pub struct WatcherConfig {
     pub grpc: GrpcSettings,
     /// `--use-remote-router`: whether requests route through `kvmesh-router` replicas.
     pub remote_router: RemoteRouterMode,
+    /// `--migration-limit` (0 = the card's).
+    pub migration_limit: u32,
+    /// `--migration-max-seq-len`.
+    pub migration_max_seq_len: Option<u32>,
 }
 
 impl WatcherConfig {
@@ -465,6 +473,12 @@ fn publish(table: &ModelTable, models: &HashMap<String, ModelState>, config: &Wa
                 metrics: state.metrics.clone(),
                 context_length: state.card.context_length,
                 kv_cache_block_size: block_size_override.unwrap_or(state.card.kv_cache_block_size),
+                migration_limit: if config.migration_limit > 0 {
+                    config.migration_limit
+                } else {
+                    state.card.migration_limit
+                },
+                migration_max_seq_len: config.migration_max_seq_len,
             }),
         );
     }

@@ -54,6 +54,15 @@ pub struct FrontendArgs {
     #[command(flatten)]
     pub router: RouterArgs,
 
+    /// Times one request may move to another worker when its worker fails mid-stream (0 = off,
+    /// then the worker card's limit applies).
+    #[arg(long, env = "DYN_MIGRATION_LIMIT", default_value_t = 0)]
+    pub migration_limit: u32,
+
+    /// Prompt plus generated tokens beyond which a request is no longer migratable.
+    #[arg(long, env = "DYN_MIGRATION_MAX_SEQ_LEN", value_parser = clap::value_parser!(u32).range(1..))]
+    pub migration_max_seq_len: Option<u32>,
+
     /// Route through `kvmesh-router` replicas: `auto` when some are registered in the model's
     /// namespace, `on` always (503 while none answers), `off` never (in-process router).
     #[arg(long, env = "KVMESH_USE_REMOTE_ROUTER", value_enum, default_value_t = RemoteRouterMode::Auto)]

@@ -1,0 +1,82 @@
+"""Request migration (router.md §16) with real processes on etcd and NATS: a worker SIGKILLed
+mid-stream does not fail the client's stream when --migration-limit allows moving the request;
+the stream continues on the other worker with the right token count, and the migration is
+counted. Without migration the same failure reaches the client as an error."""
+import json
+import time
+
+import grpc
+import pytest
+import requests
+
+from conftest import proto_stubs, start_distributed, wait_until
+
+
+def running_on(mesh):
+    pb = proto_stubs()
+    counts = []
+    for address in mesh.worker_rpc:
+        with grpc.insecure_channel(address) as channel:
+            stub = pb["worker_pb2_grpc"].WorkerStub(channel)
+            counts.append(stub.GetLoad(pb["worker_pb2"].GetLoadRequest(), timeout=5).ranks[0].num_running)
+    return counts
+
+
+def stream_and_kill(mesh, max_tokens=120):
+    """Streams a completion, SIGKILLs the worker serving it after some tokens; returns the
+    parsed events (data objects, or an error) and the number of tokens seen before the kill."""
+    events = []
+    killed_after = None
+    with requests.post(f"{mesh.base_url}/v1/completions", stream=True, timeout=60, json={
+            "model": "tiny", "prompt": "tell me a long story", "max_tokens": max_tokens, "stream": True,
+            "stream_options": {"include_usage": True}, "ignore_eos": True}) as r:
+        assert r.status_code == 200, r.text
+        for line in r.iter_lines():
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            events.append(json.loads(line[len(b"data: "):]))
+            if killed_after is None and len(events) == 10:
+                counts = running_on(mesh)
+                assert sorted(counts) == [0, 1], counts
+                victim = mesh.procs[1 + counts.index(1)]  # procs: frontend, mocker0, mocker1
+                victim.kill()
+                killed_after = len(events)
+    return events, killed_after
+
+
+@pytest.fixture
+def migrating_mesh():
+    mesh = start_distributed("etcd", {"DYN_MIGRATION_LIMIT": "3"}, mocker_args=("--decode-speedup-ratio", "0.05"))
+    yield mesh
+    mesh.stop()
+
+
+@pytest.fixture
+def plain_mesh():
+    mesh = start_distributed("etcd", mocker_args=("--decode-speedup-ratio", "0.05"))
+    yield mesh
+    mesh.stop()
+
+
+def test_stream_survives_a_killed_worker(migrating_mesh):
+    events, killed_after = stream_and_kill(migrating_mesh)
+    assert killed_after == 10
+    assert not any("error" in e for e in events), [e for e in events if "error" in e]
+    finals = [e for e in events if e.get("choices") and e["choices"][0].get("finish_reason")]
+    assert finals and finals[-1]["choices"][0]["finish_reason"] == "length"
+    usage = [e["usage"] for e in events if e.get("usage")][-1]
+    assert usage["completion_tokens"] == 120
+    assert usage["prompt_tokens"] < 20  # the original prompt, not prompt + streamed tokens
+    metrics = requests.get(f"{migrating_mesh.base_url}/metrics", timeout=5).text
+    assert 'dynamo_frontend_model_migration_total{migration_type="ongoing_request",model="tiny"} 1' in metrics
+    # The surviving worker serves new requests.
+    r = requests.post(f"{migrating_mesh.base_url}/v1/completions", timeout=30,
+                      json={"model": "tiny", "prompt": "again", "max_tokens": 3})
+    assert r.status_code == 200
+
+
+def test_without_migration_the_client_sees_the_failure(plain_mesh):
+    events, killed_after = stream_and_kill(plain_mesh)
+    assert killed_after == 10
+    assert any("error" in e for e in events), events[-3:]
+    assert not any(e.get("usage") for e in events)
