@@ -212,3 +212,25 @@ def test_disabled_nvext_ignores_pins_and_extra_fields(pin_meshes):
         assert "nvext" not in r.json() or r.json()["nvext"] is None
         seen.add(r.status_code)
     assert seen == {200}
+
+
+def test_session_affinity_pins_a_session_to_its_first_worker():
+    mesh = start_up("up-sessions", ["--speedup-ratio", "100", "--router-session-affinity-ttl-secs", "60"])
+    try:
+        def worker(headers=None, nvext=None):
+            body = {"prompt": [7, 8, 9], "max_tokens": 1, "nvext": {"extra_fields": ["worker_id"], **(nvext or {})}}
+            r = post(mesh, body, headers)
+            assert r.status_code == 200, r.text
+            return r.json()["nvext"]["worker_id"]["decode_worker_id"]
+
+        # Without a session round-robin alternates between the two workers.
+        assert len({worker() for _ in range(4)}) == 2
+        for session in ["alpha", "beta", "gamma"]:
+            seen = {worker({"X-Dynamo-Session-ID": session}) for _ in range(6)}
+            assert len(seen) == 1, (session, seen)
+        # nvext.session_control bind gives the same stickiness through the body.
+        seen = {worker(nvext={"session_control": {"session_id": "delta", "action": "bind", "timeout": 30}})
+                for _ in range(6)}
+        assert len(seen) == 1, seen
+    finally:
+        mesh.stop()
