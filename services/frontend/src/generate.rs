@@ -10,6 +10,7 @@ use kvmesh_proto::v1::{FinishReason, GenerateRequest, GenerateResponse};
 use kvmesh_runtime::worker_client::ResponseStream;
 
 use kvmesh_llm::openai::FinishReason as OpenAiFinish;
+use kvmesh_router::fleet::untried_workers;
 use kvmesh_router::{
     Decision, RemoteLease, RouteError, RouteGuard, RouteRequest, RoutingHints, TerminalPath,
     route_with_index,
@@ -108,18 +109,11 @@ async fn start_routed(
     let mut last_error = None;
     for attempt in 0..num_attempts {
         if !tried.is_empty() {
-            let allowed: Vec<u64> = entry
-                .workers
-                .iter()
-                .map(|w| w.id)
-                .filter(|id| {
-                    !tried.contains(id)
-                        && hints
-                            .allowed_worker_ids
-                            .as_ref()
-                            .is_none_or(|allowed| allowed.contains(id))
-                })
-                .collect();
+            let allowed = untried_workers(
+                entry.workers.iter().map(|w| w.id),
+                &tried,
+                hints.allowed_worker_ids.as_ref(),
+            );
             if allowed.is_empty() {
                 break;
             }
@@ -346,18 +340,11 @@ async fn migrate(
     migration.generated_token_ids = generated.to_vec();
     let mut hints = state.hints.clone();
     // The failed worker is still listed until its lease expires: route around it.
-    let allowed: Vec<u64> = entry
-        .workers
-        .iter()
-        .map(|w| w.id)
-        .filter(|id| {
-            *id != failed_worker
-                && hints
-                    .allowed_worker_ids
-                    .as_ref()
-                    .is_none_or(|allowed| allowed.contains(id))
-        })
-        .collect();
+    let allowed = untried_workers(
+        entry.workers.iter().map(|w| w.id),
+        &[failed_worker],
+        hints.allowed_worker_ids.as_ref(),
+    );
     if allowed.is_empty() {
         return None;
     }

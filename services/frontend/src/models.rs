@@ -11,9 +11,7 @@ use futures::StreamExt;
 use kvmesh_indexer::client::IndexerClient;
 use kvmesh_proto::v1::ModelCard;
 use kvmesh_router::fleet::{self, DiscoveredRecords, IndexSettings, IndexSources};
-use kvmesh_router::{
-    MonotonicClock, RemoteRouters, RouterConfig, RouterCore, RouterMode, SharedRouter,
-};
+use kvmesh_router::{RemoteRouters, RouterConfig, SharedRouter};
 use kvmesh_runtime::discovery::Discovery;
 use kvmesh_runtime::event_plane::EventPlane;
 use kvmesh_runtime::worker_client::{GrpcSettings, WorkerEndpoint, connect_worker};
@@ -132,35 +130,16 @@ pub struct WatcherConfig {
     pub migration_max_seq_len: Option<u32>,
 }
 
-impl WatcherConfig {
-    /// Whether routers read overlap from the indexer shards.
-    fn uses_indexer(&self) -> bool {
-        self.router.mode == RouterMode::Kv
-            && self.router.kv.use_kv_events
-            && self.router.kv.overlap_score_credit > 0.0
-    }
-}
-
 struct ModelState {
     card: ModelCard,
     checksum: String,
     pipeline: Arc<Pipeline>,
-    router: SharedRouter,
-    indexer: Option<IndexerClient>,
+    routing: fleet::ModelRouter,
     remote: Option<RemoteRouters>,
-    load_task: tokio::task::JoinHandle<()>,
-    sync_stop: CancellationToken,
     metrics: ModelMetrics,
     created: u64,
     workers: BTreeMap<u64, WorkerRef>,
     empty_since: Option<Instant>,
-}
-
-impl Drop for ModelState {
-    fn drop(&mut self) {
-        self.load_task.abort();
-        self.sync_stop.cancel();
-    }
 }
 
 /// Router replica clients by namespace, connected on first use.
@@ -233,7 +212,7 @@ pub async fn watch_models(
             _ = shutdown.cancelled() => return Ok(()),
             _ = tick.tick() => {
                 for state in models.values() {
-                    state.router.tick();
+                    state.routing.router.tick();
                 }
                 let before = models.len();
                 models.retain(|name, state| {
@@ -291,65 +270,38 @@ async fn reconcile(
                     }
                 },
             };
-            let block_size = config
-                .kv_cache_block_size
-                .unwrap_or(card.kv_cache_block_size)
-                .max(1);
-            let core = match RouterCore::new(
-                config.router.clone(),
-                name.clone(),
-                block_size,
-                fleet::seed_now(),
-            ) {
-                Ok(core) => core,
-                Err(error) => {
-                    tracing::error!(model = %name, %error, "cannot build the router");
-                    continue;
-                }
+            let setup = fleet::RouterSetup {
+                config: &config.router,
+                block_size_override: config.kv_cache_block_size,
+                events: &config.events,
+                router_id: None,
             };
-            let index = if config.uses_indexer() {
-                clients.indexes.get(&record.namespace, shutdown).await
-            } else {
-                None
+            let Some(routing) = fleet::ModelRouter::build(
+                name,
+                &record.namespace,
+                &card,
+                &setup,
+                &mut clients.indexes,
+                shutdown,
+            )
+            .await
+            else {
+                continue;
             };
-            let (core, indexer) = fleet::attach_index(core, index);
-            let router = SharedRouter::new(core, Arc::new(MonotonicClock::new()));
             let remote = match config.remote_router {
                 RemoteRouterMode::Off => None,
                 RemoteRouterMode::Auto | RemoteRouterMode::On => {
                     clients.remotes.get(&record.namespace, shutdown).await
                 }
             };
-            let sync_stop = shutdown.child_token();
-            if config.router.replica_sync
-                && let Err(error) = kvmesh_router::replica_sync::start(
-                    config.events.clone(),
-                    &record.namespace,
-                    router.clone(),
-                    sync_stop.clone(),
-                )
-                .await
-            {
-                tracing::warn!(model = %name, %error, "replica sync unavailable");
-            }
-            let load_task = fleet::spawn_load_feed(
-                config.events.clone(),
-                record.namespace.clone(),
-                name.clone(),
-                router.clone(),
-            );
-            tracing::info!(model = %name, block_size, "model added");
             models.insert(
                 name.clone(),
                 ModelState {
                     checksum: record.card_checksum.clone(),
                     card,
                     pipeline,
-                    router,
-                    indexer,
+                    routing,
                     remote,
-                    load_task,
-                    sync_stop,
                     metrics: metrics.for_model(name),
                     created: SystemTime::now()
                         .duration_since(UNIX_EPOCH)
@@ -391,6 +343,7 @@ async fn reconcile(
             // Upserting on every change applies card updates (runtime config) after the first
             // sight too.
             state
+                .routing
                 .router
                 .upsert_worker(fleet::worker_info(instance, record.card.as_ref()));
             workers.insert(instance.instance_id, worker);
@@ -398,7 +351,7 @@ async fn reconcile(
         for id in state.workers.keys() {
             if !workers.contains_key(id) {
                 tracing::info!(model = %name, worker_id = %format!("{id:x}"), "worker removed");
-                state.router.remove_worker(*id);
+                state.routing.router.remove_worker(*id);
             }
         }
         state.workers = workers;
@@ -408,7 +361,7 @@ async fn reconcile(
         if !serving.contains_key(name) && !state.workers.is_empty() {
             for id in state.workers.keys() {
                 tracing::info!(model = %name, worker_id = %format!("{id:x}"), "worker removed");
-                state.router.remove_worker(*id);
+                state.routing.router.remove_worker(*id);
             }
             state.workers.clear();
         }
@@ -466,8 +419,8 @@ fn publish(table: &ModelTable, models: &HashMap<String, ModelState>, config: &Wa
                 created: state.created,
                 pipeline: state.pipeline.clone(),
                 workers,
-                router: state.router.clone(),
-                indexer: state.indexer.clone(),
+                router: state.routing.router.clone(),
+                indexer: state.routing.indexer.clone(),
                 remote: state.remote.clone(),
                 remote_mode,
                 metrics: state.metrics.clone(),

@@ -261,6 +261,114 @@ pub fn attach_index(
     }
 }
 
+/// One model's routing state in a routing process: the router, its remote index (if any), and
+/// the tasks that feed it (published worker load, replica sync). The tasks stop when it drops.
+pub struct ModelRouter {
+    /// The model's router.
+    pub router: SharedRouter,
+    /// The namespace's indexer shards, when overlap is read remotely.
+    pub indexer: Option<IndexerClient>,
+    load_task: tokio::task::JoinHandle<()>,
+    sync_stop: CancellationToken,
+}
+
+impl Drop for ModelRouter {
+    fn drop(&mut self) {
+        self.load_task.abort();
+        self.sync_stop.cancel();
+    }
+}
+
+/// What building a model's router needs besides the model itself.
+pub struct RouterSetup<'a> {
+    /// Configuration of every model's router.
+    pub config: &'a crate::RouterConfig,
+    /// `--kv-cache-block-size` override.
+    pub block_size_override: Option<u32>,
+    /// Worker load and replica sync.
+    pub events: &'a Arc<dyn EventPlane>,
+    /// Prefix of the router id this process signs sync events with (`None`: a random id).
+    pub router_id: Option<&'a str>,
+}
+
+impl ModelRouter {
+    /// Builds the router of model `name` in `namespace` (block size from `card` unless
+    /// overridden), attaches the namespace's index in kv mode, starts replica sync when
+    /// configured and the load feed. `None` (logged) when the configuration is rejected.
+    pub async fn build(
+        name: &str,
+        namespace: &str,
+        card: &ModelCard,
+        setup: &RouterSetup<'_>,
+        indexes: &mut IndexSources,
+        shutdown: &CancellationToken,
+    ) -> Option<Self> {
+        let config = setup.config;
+        let block_size = setup
+            .block_size_override
+            .unwrap_or(card.kv_cache_block_size)
+            .max(1);
+        let core = match crate::RouterCore::new(config.clone(), name, block_size, seed_now()) {
+            Ok(core) => match setup.router_id {
+                Some(prefix) => core.with_router_id(format!("{prefix}-{name}")),
+                None => core,
+            },
+            Err(error) => {
+                tracing::error!(model = %name, %error, "cannot build the router");
+                return None;
+            }
+        };
+        let uses_index = config.mode == crate::RouterMode::Kv
+            && config.kv.use_kv_events
+            && config.kv.overlap_score_credit > 0.0;
+        let index = if uses_index {
+            indexes.get(namespace, shutdown).await
+        } else {
+            None
+        };
+        let (core, indexer) = attach_index(core, index);
+        let router = SharedRouter::new(core, Arc::new(crate::MonotonicClock::new()));
+        let sync_stop = shutdown.child_token();
+        if config.replica_sync
+            && let Err(error) = crate::replica_sync::start(
+                setup.events.clone(),
+                namespace,
+                router.clone(),
+                sync_stop.clone(),
+            )
+            .await
+        {
+            tracing::warn!(model = %name, %error, "replica sync unavailable");
+        }
+        let load_task = spawn_load_feed(
+            setup.events.clone(),
+            namespace.to_string(),
+            name.to_string(),
+            router.clone(),
+        );
+        tracing::info!(model = %name, block_size, "model added");
+        Some(Self {
+            router,
+            indexer,
+            load_task,
+            sync_stop,
+        })
+    }
+}
+
+/// The workers a retry may go to: every listed worker not tried yet and allowed by the
+/// request's own restriction, if it has one.
+pub fn untried_workers(
+    listed: impl IntoIterator<Item = u64>,
+    tried: &[u64],
+    allowed: Option<&Vec<u64>>,
+) -> Vec<u64> {
+    listed
+        .into_iter()
+        .filter(|id| !tried.contains(id) && allowed.is_none_or(|allowed| allowed.contains(id)))
+        .collect()
+}
+
 /// A seed for a router's RNG that differs between processes and restarts.
 pub fn seed_now() -> u64 {
     SystemTime::now()

@@ -19,13 +19,12 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use crate::config::RouterConfig;
-use crate::core::RouterCore;
 use crate::error::RouteError;
 use crate::fleet::{self, DiscoveredRecords, IndexSources, NamespaceFilter};
 use crate::metrics::RouterMetrics;
 use crate::request::{RouteRequest, TerminalPath};
 use crate::routing::route_with_index;
-use crate::shared::{MonotonicClock, RouteGuard, SharedRouter};
+use crate::shared::{RouteGuard, SharedRouter};
 use crate::sync::{SyncEvent, SyncKind};
 use crate::wire;
 
@@ -66,28 +65,10 @@ pub struct FleetConfig {
     pub router_id: String,
 }
 
-impl FleetConfig {
-    fn uses_indexer(&self) -> bool {
-        self.router.mode == crate::RouterMode::Kv
-            && self.router.kv.use_kv_events
-            && self.router.kv.overlap_score_credit > 0.0
-    }
-}
-
 struct ModelState {
     namespace: String,
-    router: SharedRouter,
-    indexer: Option<IndexerClient>,
+    routing: fleet::ModelRouter,
     workers: BTreeMap<u64, Arc<dyn WorkerEndpoint>>,
-    load_task: tokio::task::JoinHandle<()>,
-    sync_stop: CancellationToken,
-}
-
-impl Drop for ModelState {
-    fn drop(&mut self) {
-        self.load_task.abort();
-        self.sync_stop.cancel();
-    }
 }
 
 /// Watches discovery and keeps `table` current until `shutdown`: a router per model with
@@ -106,7 +87,7 @@ pub async fn watch_models(
             _ = shutdown.cancelled() => return Ok(()),
             _ = tick.tick() => {
                 for state in models.values() {
-                    state.router.tick();
+                    state.routing.router.tick();
                 }
             }
             event = stream.next() => {
@@ -141,57 +122,30 @@ async fn reconcile(
         };
         if !models.contains_key(name) {
             let card = first.card.clone().unwrap_or_default();
-            let block_size = config
-                .kv_cache_block_size
-                .unwrap_or(card.kv_cache_block_size)
-                .max(1);
-            let core = match RouterCore::new(
-                config.router.clone(),
-                name.clone(),
-                block_size,
-                fleet::seed_now(),
-            ) {
-                Ok(core) => core.with_router_id(format!("{}-{name}", config.router_id)),
-                Err(error) => {
-                    tracing::error!(model = %name, %error, "cannot build the router");
-                    continue;
-                }
+            let setup = fleet::RouterSetup {
+                config: &config.router,
+                block_size_override: config.kv_cache_block_size,
+                events: &config.events,
+                router_id: Some(&config.router_id),
             };
-            let index = if config.uses_indexer() {
-                config.indexes.get(&first.namespace, shutdown).await
-            } else {
-                None
+            let Some(routing) = fleet::ModelRouter::build(
+                name,
+                &first.namespace,
+                &card,
+                &setup,
+                &mut config.indexes,
+                shutdown,
+            )
+            .await
+            else {
+                continue;
             };
-            let (core, indexer) = fleet::attach_index(core, index);
-            let router = SharedRouter::new(core, Arc::new(MonotonicClock::new()));
-            let sync_stop = shutdown.child_token();
-            if config.router.replica_sync
-                && let Err(error) = crate::replica_sync::start(
-                    config.events.clone(),
-                    &first.namespace,
-                    router.clone(),
-                    sync_stop.clone(),
-                )
-                .await
-            {
-                tracing::warn!(model = %name, %error, "replica sync unavailable");
-            }
-            let load_task = fleet::spawn_load_feed(
-                config.events.clone(),
-                first.namespace.clone(),
-                name.clone(),
-                router.clone(),
-            );
-            tracing::info!(model = %name, block_size, "model added");
             models.insert(
                 name.clone(),
                 ModelState {
                     namespace: first.namespace.clone(),
-                    router,
-                    indexer,
+                    routing,
                     workers: BTreeMap::new(),
-                    load_task,
-                    sync_stop,
                 },
             );
         }
@@ -216,6 +170,7 @@ async fn reconcile(
             };
             // Re-upserting applies card changes (runtime config) seen after the first sight.
             state
+                .routing
                 .router
                 .upsert_worker(fleet::worker_info(instance, record.card.as_ref()));
             next.insert(id, endpoint);
@@ -223,7 +178,7 @@ async fn reconcile(
         for id in state.workers.keys() {
             if !next.contains_key(id) {
                 tracing::info!(model = %name, worker_id = %format!("{id:x}"), "worker removed");
-                state.router.remove_worker(*id);
+                state.routing.router.remove_worker(*id);
             }
         }
         state.workers = next;
@@ -237,8 +192,8 @@ fn publish(table: &RoutedTable, models: &HashMap<String, ModelState>) {
             let model = RoutedModel {
                 name: name.clone(),
                 namespace: state.namespace.clone(),
-                router: state.router.clone(),
-                indexer: state.indexer.clone(),
+                router: state.routing.router.clone(),
+                indexer: state.routing.indexer.clone(),
                 workers: state.workers.clone(),
             };
             (name.clone(), Arc::new(model))
@@ -453,18 +408,11 @@ impl RouterService {
         let mut last_error = RouteError::NoEndpoint;
         for attempt in 0..MAX_START_ATTEMPTS.min(model.workers.len()).max(1) {
             if !tried.is_empty() {
-                let allowed: Vec<u64> = model
-                    .workers
-                    .keys()
-                    .copied()
-                    .filter(|id| {
-                        !tried.contains(id)
-                            && hints
-                                .allowed_worker_ids
-                                .as_ref()
-                                .is_none_or(|allowed| allowed.contains(id))
-                    })
-                    .collect();
+                let allowed = fleet::untried_workers(
+                    model.workers.keys().copied(),
+                    &tried,
+                    hints.allowed_worker_ids.as_ref(),
+                );
                 if allowed.is_empty() {
                     break;
                 }
