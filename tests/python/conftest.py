@@ -177,3 +177,31 @@ def start_distributed(backend, extra_env=None, mocker_args=()):
         mesh.stop()
         raise
     return mesh
+
+
+def complete_on(mesh, prompt, max_tokens=4):
+    """A completion of token ids; returns the worker that served it (from nvext)."""
+    r = requests.post(f"{mesh.base_url}/v1/completions", json={
+        "model": "tiny", "prompt": prompt, "max_tokens": max_tokens,
+        "nvext": {"extra_fields": ["worker_id"]}}, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()["nvext"]["worker_id"]["decode_worker_id"]
+
+
+def assert_prefix_follows_the_cache(mesh, block, settle=1.0, seed=7):
+    """KV routing over two workers: requests sharing a 4-block prefix go to the worker that
+    served the first (once its blocks reached the index), and unrelated prompts use both.
+    Returns the worker holding the prefix."""
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+    prefix = [10 + (i * 7) % 200 for i in range(4 * block)]
+    first = complete_on(mesh, prefix + [11, 12, 13])
+    time.sleep(settle)  # the first request's blocks reach the index through the event plane
+    for i in range(6):
+        assert complete_on(mesh, prefix + [20 + i, 30 + i, 40 + i]) == first
+    rng = random.Random(seed)
+    unrelated = [[rng.randrange(10, 250) for _ in range(4 * block)] for _ in range(12)]
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        workers = list(pool.map(lambda p: complete_on(mesh, p, max_tokens=16), unrelated))
+    assert len(set(workers)) == 2, workers
+    return first

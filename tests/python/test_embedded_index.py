@@ -1,16 +1,12 @@
 """KV routing without indexer processes: a frontend in kv mode keeps its own index from the
 JetStream KV event stream (no --use-remote-indexer), and with --serve-indexer serves that index as
 `kvmesh.v1.Indexer` to others. Real etcd, NATS and mocker processes."""
-import random
-import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 
 import grpc
-import pytest
-import requests
 
-from conftest import TINY_MODEL, Mesh, Proc, free_port, proto_stubs, require_env, wait_ready, wait_until
+from conftest import (TINY_MODEL, Mesh, Proc, assert_prefix_follows_the_cache, free_port, proto_stubs, require_env,
+                      wait_ready, wait_until)
 
 BLOCK = 16
 
@@ -47,32 +43,10 @@ def start(extra_args, rpc_port=None):
     return mesh
 
 
-def complete(mesh, prompt, max_tokens=4):
-    r = requests.post(f"{mesh.base_url}/v1/completions", json={
-        "model": "tiny", "prompt": prompt, "max_tokens": max_tokens,
-        "nvext": {"extra_fields": ["worker_id"]}}, timeout=30)
-    assert r.status_code == 200, r.text
-    return r.json()["nvext"]["worker_id"]["decode_worker_id"]
-
-
-def follows_the_cache(mesh):
-    prefix = [10 + (i * 7) % 200 for i in range(4 * BLOCK)]
-    first = complete(mesh, prefix + [11, 12, 13])
-    time.sleep(1.0)  # the blocks reach the frontend's index through JetStream
-    for i in range(6):
-        assert complete(mesh, prefix + [20 + i, 30 + i, 40 + i]) == first
-    rng = random.Random(11)
-    unrelated = [[rng.randrange(10, 250) for _ in range(4 * BLOCK)] for _ in range(12)]
-    with ThreadPoolExecutor(max_workers=12) as pool:
-        workers = list(pool.map(lambda p: complete(mesh, p, max_tokens=16), unrelated))
-    assert len(set(workers)) == 2, workers
-    return first
-
-
 def test_frontend_keeps_its_own_index():
     mesh = start([])
     try:
-        follows_the_cache(mesh)
+        assert_prefix_follows_the_cache(mesh, BLOCK, seed=11)
     finally:
         mesh.stop()
 
@@ -86,7 +60,7 @@ def test_served_index_answers_other_callers():
         status = wait_until(lambda: indexer.Status(pb["indexer_pb2"].StatusRequest(), timeout=2),
                             what="served indexer status")
         assert status.state == pb["indexer_pb2"].INDEXER_STATE_SERVING
-        worker = follows_the_cache(mesh)
+        worker = assert_prefix_follows_the_cache(mesh, BLOCK, seed=11)
         prefix = [10 + (i * 7) % 200 for i in range(4 * BLOCK)]
         answer = indexer.FindMatches(pb["indexer_pb2"].FindMatchesRequest(
             model="tiny", token_ids=prefix, block_size=BLOCK), timeout=5)

@@ -5,14 +5,13 @@ import random
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
 import requests
 
-from conftest import (TINY_MODEL, Mesh, Proc, free_port, proto_stubs, require_env, wait_ready,
-                      wait_until)
+from conftest import (TINY_MODEL, Mesh, Proc, assert_prefix_follows_the_cache, complete_on as complete,
+                      free_port, proto_stubs, require_env, wait_ready, wait_until)
 
 BLOCK = 16
 
@@ -88,14 +87,6 @@ def report(addr, request_id, router_id):
                                                   terminal=router_pb2.TERMINAL_PATH_COMPLETED), timeout=5).tracked
 
 
-def complete(mesh, prompt, max_tokens=4):
-    r = requests.post(f"{mesh.base_url}/v1/completions", json={
-        "model": "tiny", "prompt": prompt, "max_tokens": max_tokens,
-        "nvext": {"extra_fields": ["worker_id"]}}, timeout=30)
-    assert r.status_code == 200, r.text
-    return r.json()["nvext"]["worker_id"]["decode_worker_id"]
-
-
 def test_replicas_see_each_others_load(replicas_mesh):
     """Load routed on one replica steers another replica's decision: without sync the second
     replica would see two idle workers and pick either (this passes by chance with p = 1/64)."""
@@ -151,17 +142,7 @@ def test_router_metrics(replicas_mesh):
 
 
 def test_shared_prefix_follows_the_cache(replicas_mesh):
-    prefix = [10 + (i * 7) % 200 for i in range(4 * BLOCK)]
-    first = complete(replicas_mesh, prefix + [11, 12, 13])
-    time.sleep(1.0)  # the blocks reach the indexer shard through JetStream
-    for i in range(6):
-        assert complete(replicas_mesh, prefix + [20 + i, 30 + i, 40 + i]) == first
-
-    rng = random.Random(7)
-    unrelated = [[rng.randrange(10, 250) for _ in range(4 * BLOCK)] for _ in range(12)]
-    with ThreadPoolExecutor(max_workers=12) as pool:
-        workers = list(pool.map(lambda p: complete(replicas_mesh, p, max_tokens=16), unrelated))
-    assert len(set(workers)) == 2, workers
+    assert_prefix_follows_the_cache(replicas_mesh, BLOCK, settle=1.0)
 
 
 def test_generate_routes_and_proxies_the_stream(replicas_mesh):

@@ -8,6 +8,7 @@
 pub mod conformance;
 pub mod etcd;
 pub mod file;
+pub mod instances;
 pub mod mem;
 pub mod registry;
 

@@ -7,12 +7,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use futures::StreamExt;
 use kvmesh_kv::OverlapScores;
 use kvmesh_proto::v1::indexer_client::IndexerClient as GrpcIndexerClient;
 use kvmesh_proto::v1::{FindMatchesRequest, FindMatchesResponse, InstanceRecord};
-use kvmesh_runtime::discovery::{Discovery, WatchEvent};
+use kvmesh_runtime::discovery::Discovery;
+use kvmesh_runtime::discovery::instances::InstanceList;
 use kvmesh_runtime::names;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -141,7 +141,7 @@ pub struct IndexerClient {
 }
 
 struct Inner {
-    replicas: ArcSwap<Vec<Replica>>,
+    replicas: InstanceList<Replica>,
     num_partitions: u32,
     timeout: Duration,
     next: AtomicUsize,
@@ -158,56 +158,27 @@ impl IndexerClient {
         timeout: Duration,
         shutdown: CancellationToken,
     ) -> anyhow::Result<Self> {
+        let prefix = format!(
+            "{}{INDEXER_COMPONENT}/{INDEXER_ENDPOINT}/",
+            names::instances_prefix(Some(namespace))
+        );
+        let replicas =
+            InstanceList::watch(discovery.as_ref(), &prefix, "indexer", replica_of, shutdown)
+                .await?;
         let inner = Arc::new(Inner {
-            replicas: ArcSwap::from_pointee(Vec::new()),
+            replicas,
             num_partitions,
             timeout,
             next: AtomicUsize::new(0),
             failures: AtomicU64::new(0),
             missing: AtomicU64::new(0),
         });
-        let prefix = format!(
-            "{}{INDEXER_COMPONENT}/{INDEXER_ENDPOINT}/",
-            names::instances_prefix(Some(namespace))
-        );
-        let mut watch = discovery.watch(&prefix).await?;
-        let watcher = inner.clone();
-        tokio::spawn(async move {
-            let mut known: BTreeMap<String, Replica> = BTreeMap::new();
-            loop {
-                let event = tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    event = watch.next() => event,
-                };
-                match event {
-                    Some(WatchEvent::Put { key, value }) => {
-                        match serde_json::from_slice::<InstanceRecord>(&value) {
-                            Ok(record) => {
-                                if let Some(replica) = replica_of(&record) {
-                                    known.insert(key, replica);
-                                }
-                            }
-                            Err(error) => {
-                                tracing::warn!(%key, %error, "undecodable indexer record")
-                            }
-                        }
-                    }
-                    Some(WatchEvent::Delete { key }) => {
-                        known.remove(&key);
-                    }
-                    None => return,
-                }
-                watcher
-                    .replicas
-                    .store(Arc::new(known.values().cloned().collect()));
-            }
-        });
         Ok(Self { inner })
     }
 
     /// Number of replicas currently known.
     pub fn num_replicas(&self) -> usize {
-        self.inner.replicas.load().len()
+        self.inner.replicas.len()
     }
 
     /// Shard queries that failed on every replica tried (`kvmesh_router_indexer_query_failures_total`).
@@ -222,7 +193,7 @@ impl IndexerClient {
 
     /// Asks every shard in parallel and merges the answers.
     pub async fn find_matches(&self, model: &str, local_hashes: &[u64]) -> MergedMatches {
-        let replicas = self.inner.replicas.load_full();
+        let replicas = self.inner.replicas.load();
         let mut shards: BTreeMap<Vec<u32>, Vec<&Replica>> = BTreeMap::new();
         for replica in replicas.iter() {
             shards

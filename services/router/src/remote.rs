@@ -6,16 +6,14 @@
 //! A replica that dies after deciding does not fail the request: the caller talks to the worker
 //! itself, and its reports go to another replica, which frees the copy replica sync gave it.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
-use futures::StreamExt;
 use kvmesh_proto::v1 as pb;
 use kvmesh_proto::v1::router_client::RouterClient;
-use kvmesh_runtime::discovery::{Discovery, WatchEvent};
+use kvmesh_runtime::discovery::Discovery;
+use kvmesh_runtime::discovery::instances::InstanceList;
 use kvmesh_runtime::names;
 use tokio_util::sync::CancellationToken;
 
@@ -36,7 +34,7 @@ struct Replica {
 }
 
 struct Inner {
-    replicas: ArcSwap<Vec<Replica>>,
+    replicas: InstanceList<Replica>,
     next: AtomicUsize,
     timeout: Duration,
 }
@@ -56,54 +54,29 @@ impl RemoteRouters {
         timeout: Duration,
         shutdown: CancellationToken,
     ) -> anyhow::Result<Self> {
-        let inner = Arc::new(Inner {
-            replicas: ArcSwap::from_pointee(Vec::new()),
-            next: AtomicUsize::new(0),
-            timeout,
-        });
         let prefix = format!(
             "{}{ROUTER_COMPONENT}/{ROUTER_ENDPOINT}/",
             names::instances_prefix(Some(namespace))
         );
-        let mut watch = discovery.watch(&prefix).await?;
-        let watcher = inner.clone();
-        tokio::spawn(async move {
-            let mut known: BTreeMap<String, Replica> = BTreeMap::new();
-            loop {
-                let event = tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    event = watch.next() => event,
-                };
-                match event {
-                    Some(WatchEvent::Put { key, value }) => {
-                        match serde_json::from_slice::<pb::InstanceRecord>(&value) {
-                            Ok(record) => match replica_of(&record, timeout) {
-                                Ok(replica) => {
-                                    known.insert(key, replica);
-                                }
-                                Err(error) => {
-                                    tracing::warn!(%key, %error, "unusable router address")
-                                }
-                            },
-                            Err(error) => tracing::warn!(%key, %error, "undecodable router record"),
-                        }
-                    }
-                    Some(WatchEvent::Delete { key }) => {
-                        known.remove(&key);
-                    }
-                    None => return,
-                }
-                watcher
-                    .replicas
-                    .store(Arc::new(known.values().cloned().collect()));
-            }
+        let replicas = InstanceList::watch(
+            discovery.as_ref(),
+            &prefix,
+            "router",
+            move |record| replica_of(record, timeout),
+            shutdown,
+        )
+        .await?;
+        let inner = Arc::new(Inner {
+            replicas,
+            next: AtomicUsize::new(0),
+            timeout,
         });
         Ok(Self { inner })
     }
 
     /// Replicas currently known.
     pub fn num_replicas(&self) -> usize {
-        self.inner.replicas.load().len()
+        self.inner.replicas.len()
     }
 
     /// Routes `request` through one replica, trying the others when a replica fails (not when it
@@ -113,7 +86,7 @@ impl RemoteRouters {
         model: &str,
         request: &RouteRequest<'_>,
     ) -> Result<RemoteLease, RouteError> {
-        let replicas = self.inner.replicas.load_full();
+        let replicas = self.inner.replicas.load();
         if replicas.is_empty() {
             return Err(RouteError::Unreachable(
                 "no router replica registered".into(),
@@ -168,7 +141,7 @@ impl RemoteRouters {
 
     /// A model's busy thresholds as the first answering replica holds them.
     pub async fn busy_thresholds(&self, model: &str) -> Option<BusyThresholds> {
-        let replicas = self.inner.replicas.load_full();
+        let replicas = self.inner.replicas.load();
         for replica in replicas.iter() {
             let mut client = replica.client.clone();
             let mut call = tonic::Request::new(pb::GetBusyThresholdsRequest {
@@ -186,7 +159,7 @@ impl RemoteRouters {
 
     /// Replaces a model's busy thresholds on every replica; returns how many took them.
     pub async fn set_busy_thresholds(&self, model: &str, thresholds: &BusyThresholds) -> usize {
-        let replicas = self.inner.replicas.load_full();
+        let replicas = self.inner.replicas.load();
         let calls = replicas.iter().map(|replica| {
             let mut client = replica.client.clone();
             let mut call = tonic::Request::new(pb::SetBusyThresholdsRequest {
@@ -204,7 +177,7 @@ impl RemoteRouters {
 
     /// Sends a report to the replica that decided, then to the others until one takes it.
     async fn report(&self, decided_by: u64, report: pb::ReportRequest) {
-        let replicas = self.inner.replicas.load_full();
+        let replicas = self.inner.replicas.load();
         let ordered = replicas
             .iter()
             .filter(|r| r.instance_id == decided_by)
@@ -226,17 +199,18 @@ impl RemoteRouters {
     }
 }
 
-fn replica_of(record: &pb::InstanceRecord, timeout: Duration) -> anyhow::Result<Replica> {
+fn replica_of(record: &pb::InstanceRecord, timeout: Duration) -> Option<Replica> {
     let uri = if record.address.contains("://") {
         record.address.clone()
     } else {
         format!("http://{}", record.address)
     };
-    let channel = tonic::transport::Endpoint::from_shared(uri)?
+    let channel = tonic::transport::Endpoint::from_shared(uri)
+        .ok()?
         .connect_timeout(timeout)
         .tcp_nodelay(true)
         .connect_lazy();
-    Ok(Replica {
+    Some(Replica {
         instance_id: record.instance_id,
         client: RouterClient::new(channel),
     })
