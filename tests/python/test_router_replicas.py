@@ -33,11 +33,11 @@ def replicas_mesh():
         for i in range(2)
     ]
     router_ports = [free_port() for _ in range(3)]
-    metrics_port = free_port()
+    metrics_ports = [free_port() for _ in range(3)]
     routers = [
         Proc(f"router{i}", ["kvmesh-router", "--router-mode", "kv", "--router-replica-sync", "--use-remote-indexer",
-                            "--tcp-rpc-port", str(port),
-                            *(["--metrics-port", str(metrics_port)] if i == 0 else [])], env)
+                            "--router-track-output-blocks", "--tcp-rpc-port", str(port),
+                            "--metrics-port", str(metrics_ports[i])], env)
         for i, port in enumerate(router_ports)
     ]
     port = free_port()
@@ -46,7 +46,7 @@ def replicas_mesh():
     procs = [indexer, *mockers, *routers, frontend]
     mesh = Mesh(f"http://127.0.0.1:{port}", procs, namespace)
     mesh.routers = routers
-    mesh.router_metrics = f"http://127.0.0.1:{metrics_port}/metrics"
+    mesh.router_metrics = [f"http://127.0.0.1:{p}/metrics" for p in metrics_ports]
     mesh.router_addrs = [f"127.0.0.1:{p}" for p in router_ports]
     try:
         wait_ready(mesh.base_url, "tiny", 2, procs)
@@ -126,12 +126,16 @@ def test_report_to_another_replica_frees_the_synced_copy(replicas_mesh):
     assert report(a, request_id, owner)          # the owner still tracked its own entry
 
 
+def metric(url, series):
+    for line in requests.get(url, timeout=5).text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return None
+
+
 def test_router_metrics(replicas_mesh):
     def value(series):
-        for line in requests.get(replicas_mesh.router_metrics, timeout=5).text.splitlines():
-            if line.startswith(series + " "):
-                return float(line.split()[-1])
-        return None
+        return metric(replicas_mesh.router_metrics[0], series)
 
     before = value('kvmesh_router_decisions_total{model="tiny",outcome="routed"}') or 0
     _, owner, request_id = route_on(replicas_mesh.router_addrs[0], [3] * (2 * BLOCK), allow=None)
@@ -139,6 +143,21 @@ def test_router_metrics(replicas_mesh):
     assert value('kvmesh_router_tracked_requests{model="tiny"}') >= 1
     assert report(replicas_mesh.router_addrs[0], request_id, owner)
     assert value('kvmesh_router_reports_total{kind="end",model="tiny"}') >= 1
+
+
+def test_streamed_tokens_are_reported_when_replicas_track_output_blocks(replicas_mesh):
+    def reported():
+        return sum(metric(url, 'kvmesh_router_reports_total{kind="tokens",model="tiny"}') or 0
+                   for url in replicas_mesh.router_metrics)
+
+    before = reported()
+    with requests.post(f"{replicas_mesh.base_url}/v1/completions", stream=True, timeout=30, json={
+            "model": "tiny", "prompt": [5] * 20, "max_tokens": 70, "ignore_eos": True, "stream": True}) as r:
+        assert r.status_code == 200
+        for _ in r.iter_lines():
+            pass
+    # 70 tokens with 16-token blocks: the first token, then one report per block.
+    wait_until(lambda: reported() - before >= 4, what="output token reports")
 
 
 def test_shared_prefix_follows_the_cache(replicas_mesh):

@@ -180,12 +180,12 @@ impl Lease {
         }
     }
 
-    /// Whether tokens after the first change the router's state (only the in-process router's
-    /// output-block tracking is fed per token; remote replicas get the first token and the end).
+    /// Whether tokens after the first change the router's state (`--router-track-output-blocks`
+    /// on the in-process router or on the replica that decided).
     fn tracks_output_tokens(&self) -> bool {
         match self {
             Lease::Local(guard) => guard.tracks_output_tokens(),
-            Lease::Remote(_) => false,
+            Lease::Remote(lease) => lease.tracks_output_tokens(),
         }
     }
 
@@ -196,9 +196,10 @@ impl Lease {
         }
     }
 
-    fn add_output_tokens(&self, num_tokens: u64) {
-        if let Lease::Local(guard) = self {
-            guard.add_output_tokens(num_tokens);
+    fn add_output_tokens(&self, num_tokens: u64, is_first: bool) {
+        match self {
+            Lease::Local(guard) => guard.add_output_tokens(num_tokens),
+            Lease::Remote(lease) => lease.add_output_tokens(num_tokens, is_first),
         }
     }
 
@@ -234,9 +235,9 @@ async fn route(
         return Err(RouteError::Unreachable("router replicas cannot be watched".into()).into());
     }
     if let Some(remote) = entry.active_remote() {
-        return Ok(Lease::Remote(
-            remote.route(&entry.name, &route_request).await?,
-        ));
+        let mut lease = remote.route(&entry.name, &route_request).await?;
+        lease.set_report_every(entry.kv_cache_block_size);
+        return Ok(Lease::Remote(lease));
     }
     let guard = route_with_index(&entry.router, entry.indexer.as_ref(), &route_request).await?;
     Ok(Lease::Local(guard))
@@ -459,7 +460,7 @@ pub fn text_deltas(
                 // The first token ends prefill; later ones matter only when the router tracks
                 // output blocks, so the common case takes no router lock per token.
                 if guard.tracks_output_tokens() {
-                    guard.add_output_tokens(u64::from(num_tokens));
+                    guard.add_output_tokens(u64::from(num_tokens), !is_first_token_reported);
                 } else if !is_first_token_reported {
                     guard.first_token();
                 }

@@ -7,7 +7,7 @@
 //! itself, and its reports go to another replica, which frees the copy replica sync gave it.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kvmesh_proto::v1 as pb;
@@ -124,6 +124,9 @@ impl RemoteRouters {
                         decision: wire::decision_from_proto(&request.request_id, &response),
                         router_id: response.router_id,
                         replica: replica.instance_id,
+                        tracks_output_tokens: response.tracks_output_tokens,
+                        pending_tokens: AtomicU64::new(0),
+                        report_every: DEFAULT_REPORT_EVERY,
                         is_armed: true,
                     });
                 }
@@ -225,8 +228,16 @@ pub struct RemoteLease {
     decision: Decision,
     router_id: String,
     replica: u64,
+    tracks_output_tokens: bool,
+    /// Generated tokens not reported yet.
+    pending_tokens: AtomicU64,
+    /// Tokens per output report (a KV block: the tracker grows by whole blocks).
+    report_every: u64,
     is_armed: bool,
 }
+
+/// Tokens per output report unless the caller knows the model's block size.
+const DEFAULT_REPORT_EVERY: u64 = 16;
 
 impl std::fmt::Debug for RemoteLease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -248,18 +259,34 @@ impl RemoteLease {
         &self.router_id
     }
 
+    /// Whether the replica wants generated tokens reported as they come (it tracks output
+    /// blocks); otherwise only the first token and the end matter.
+    pub fn tracks_output_tokens(&self) -> bool {
+        self.tracks_output_tokens
+    }
+
     /// The first token arrived.
     pub fn first_token(&self) {
         self.send(true, 0, None);
     }
 
-    /// More tokens were generated (the first report also marks the first token).
+    /// Reports generated tokens every `tokens` (the model's KV block size) rather than every
+    /// [`DEFAULT_REPORT_EVERY`].
+    pub fn set_report_every(&mut self, tokens: u32) {
+        self.report_every = u64::from(tokens.max(1));
+    }
+
+    /// More tokens were generated. Reports go out at the first token and then once a block's
+    /// worth has accumulated, so a stream costs the replica one call per block, not per token.
     pub fn add_output_tokens(&self, num_tokens: u64, is_first: bool) {
-        self.send(
+        if let Some(tokens) = batch_tokens(
+            &self.pending_tokens,
+            num_tokens,
             is_first,
-            u32::try_from(num_tokens).unwrap_or(u32::MAX),
-            None,
-        );
+            self.report_every,
+        ) {
+            self.send(is_first, u32::try_from(tokens).unwrap_or(u32::MAX), None);
+        }
     }
 
     /// Ends the request by `path`.
@@ -287,11 +314,36 @@ impl RemoteLease {
     }
 }
 
+/// Adds `num_tokens` to `pending`; returns the tokens to report now (all pending ones) at the
+/// first token or once `every` have accumulated.
+fn batch_tokens(pending: &AtomicU64, num_tokens: u64, is_first: bool, every: u64) -> Option<u64> {
+    let total = pending.fetch_add(num_tokens, Ordering::Relaxed) + num_tokens;
+    (is_first || total >= every).then(|| pending.swap(0, Ordering::Relaxed))
+}
+
 impl Drop for RemoteLease {
     fn drop(&mut self) {
         if self.is_armed {
             self.is_armed = false;
             self.send(false, 0, Some(TerminalPath::Disconnected));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_reports_come_at_the_first_token_then_per_block() {
+        let pending = AtomicU64::new(0);
+        assert_eq!(batch_tokens(&pending, 1, true, 16), Some(1));
+        let reports: Vec<Option<u64>> = (0..40)
+            .map(|_| batch_tokens(&pending, 1, false, 16))
+            .collect();
+        let sent: Vec<u64> = reports.iter().flatten().copied().collect();
+        assert_eq!(sent, vec![16, 16]);
+        assert_eq!(pending.load(Ordering::Relaxed), 8);
+        assert_eq!(batch_tokens(&pending, 20, false, 16), Some(28));
     }
 }

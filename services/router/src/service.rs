@@ -272,6 +272,7 @@ impl Router for RouterService {
             Ok(wire::decision_to_proto(
                 &decision,
                 &model.router.router_id(),
+                model.router.tracks_output_tokens(),
             ))
         }
         .await;

@@ -159,7 +159,11 @@ pub fn hints_from_proto(
 }
 
 /// The `Route` answer for a decision.
-pub fn decision_to_proto(decision: &Decision, router_id: &str) -> pb::RouteResponse {
+pub fn decision_to_proto(
+    decision: &Decision,
+    router_id: &str,
+    tracks_output_tokens: bool,
+) -> pb::RouteResponse {
     pb::RouteResponse {
         worker_id: decision.worker_id,
         dp_rank: decision.dp_rank,
@@ -167,6 +171,7 @@ pub fn decision_to_proto(decision: &Decision, router_id: &str) -> pb::RouteRespo
         cached_tokens: u32::try_from(decision.cached_tokens).unwrap_or(u32::MAX),
         required_blocks: u32::try_from(decision.required_blocks).unwrap_or(u32::MAX),
         router_id: router_id.to_string(),
+        tracks_output_tokens,
     }
 }
 
