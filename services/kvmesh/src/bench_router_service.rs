@@ -15,7 +15,10 @@ use kvmesh_kv::{
 };
 use kvmesh_proto::v1::router_client::RouterClient;
 use kvmesh_proto::v1::router_server::RouterServer;
-use kvmesh_proto::v1::{ReportRequest, RouteRequest, TerminalPath};
+use kvmesh_proto::v1::{
+    ReportRequest, RouteRequest, RouteStreamRequest, RouteStreamResponse, TerminalPath,
+    route_stream_request, route_stream_response,
+};
 use kvmesh_router::service::{RoutedModel, RouterService};
 use kvmesh_router::{
     MonotonicClock, RouterConfig, RouterCore, RouterMode, RuntimeConfig, SharedRouter, WorkerInfo,
@@ -43,6 +46,9 @@ pub struct RouterServiceBench {
     /// of decisions alone.
     #[arg(long)]
     pub no_report: bool,
+    /// Route and report over one `RouteStream` per caller instead of unary calls.
+    #[arg(long)]
+    pub stream: bool,
     /// Print the report as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -139,10 +145,66 @@ pub async fn run(args: RouterServiceBench) -> anyhow::Result<()> {
         let mut client = RouterClient::new(endpoint.connect().await?);
         let prefixes = prefixes.clone();
         let send_reports = !args.no_report;
+        let use_stream = args.stream;
         callers.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
             let mut failures = 0u64;
             let mut n = 0usize;
+            if use_stream {
+                let (tx, rx) = tokio::sync::mpsc::channel(64);
+                let Ok(answers) = client
+                    .route_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+                    .await
+                else {
+                    return (latencies, 1);
+                };
+                let mut answers = answers.into_inner();
+                while Instant::now() < deadline {
+                    n += 1;
+                    let request_id = format!("{caller}-{n}");
+                    let mut token_ids = prefixes[(caller * 7 + n) % PREFIXES].clone();
+                    if let Some(last) = token_ids.last_mut() {
+                        *last = n as u32;
+                    }
+                    let started = Instant::now();
+                    let route = RouteRequest {
+                        model: "bench".into(),
+                        request_id: request_id.clone(),
+                        token_ids,
+                        ..Default::default()
+                    };
+                    if tx.send(stream_route(route)).await.is_err() {
+                        failures += 1;
+                        break;
+                    }
+                    let router_id = match answers.message().await {
+                        Ok(Some(RouteStreamResponse {
+                            result: Some(route_stream_response::Result::Decision(decision)),
+                            ..
+                        })) => decision.router_id,
+                        _ => {
+                            failures += 1;
+                            break;
+                        }
+                    };
+                    latencies.push(started.elapsed().as_secs_f64() * 1e6);
+                    if send_reports {
+                        let report = ReportRequest {
+                            model: "bench".into(),
+                            request_id,
+                            router_id,
+                            first_token: false,
+                            output_tokens: 0,
+                            terminal: TerminalPath::Completed as i32,
+                        };
+                        if tx.send(stream_report(report)).await.is_err() {
+                            failures += 1;
+                            break;
+                        }
+                    }
+                }
+                return (latencies, failures);
+            }
             while Instant::now() < deadline {
                 n += 1;
                 let request_id = format!("{caller}-{n}");
@@ -205,6 +267,7 @@ pub async fn run(args: RouterServiceBench) -> anyhow::Result<()> {
         "route_calls_per_sec": latencies.len() as f64 / elapsed,
         "rpcs_per_sec": if args.no_report { 1.0 } else { 2.0 } * latencies.len() as f64 / elapsed,
         "reports": !args.no_report,
+        "stream": args.stream,
         "route_p50_us": pct(0.5),
         "route_p99_us": pct(0.99),
         "failures": failures,
@@ -218,4 +281,16 @@ pub async fn run(args: RouterServiceBench) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     }
     Ok(())
+}
+
+fn stream_route(route: RouteRequest) -> RouteStreamRequest {
+    RouteStreamRequest {
+        kind: Some(route_stream_request::Kind::Route(route)),
+    }
+}
+
+fn stream_report(report: ReportRequest) -> RouteStreamRequest {
+    RouteStreamRequest {
+        kind: Some(route_stream_request::Kind::Report(report)),
+    }
 }

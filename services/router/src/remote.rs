@@ -6,15 +6,18 @@
 //! A replica that dies after deciding does not fail the request: the caller talks to the worker
 //! itself, and its reports go to another replica, which frees the copy replica sync gave it.
 
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use futures::StreamExt;
 use kvmesh_proto::v1 as pb;
 use kvmesh_proto::v1::router_client::RouterClient;
 use kvmesh_runtime::discovery::Discovery;
 use kvmesh_runtime::discovery::instances::InstanceList;
 use kvmesh_runtime::names;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::BusyThresholds;
@@ -31,6 +34,142 @@ pub const ROUTER_ENDPOINT: &str = "route";
 struct Replica {
     instance_id: u64,
     client: RouterClient<tonic::transport::Channel>,
+    stream: RouteChannel,
+}
+
+/// A decision from a replica, or the status it failed with.
+type RouteAnswer = Result<pb::RouteResponse, tonic::Status>;
+
+/// What goes to a replica over its `RouteStream`.
+enum Outgoing {
+    Route(Box<pb::RouteRequest>, oneshot::Sender<RouteAnswer>),
+    Report(pb::ReportRequest),
+}
+
+/// One long-lived `RouteStream` to a replica, shared by every request of this process: routes
+/// are answered by request id (a queued one does not hold back the others), reports are sent
+/// without an answer. A failed stream fails the routes in flight (the caller then tries another
+/// replica) and is reopened by the next message.
+#[derive(Clone)]
+struct RouteChannel {
+    tx: mpsc::Sender<Outgoing>,
+    /// Set while a stream is open and has not failed: reports take the stream only then, and
+    /// fall back to unary calls with failover otherwise.
+    is_up: Arc<AtomicBool>,
+}
+
+/// Messages that may wait for the stream task before senders block.
+const ROUTE_STREAM_QUEUE: usize = 4096;
+
+impl RouteChannel {
+    fn spawn(client: RouterClient<tonic::transport::Channel>) -> Self {
+        let (tx, rx) = mpsc::channel(ROUTE_STREAM_QUEUE);
+        let is_up = Arc::new(AtomicBool::new(false));
+        tokio::spawn(run_route_stream(client, rx, is_up.clone()));
+        Self { tx, is_up }
+    }
+
+    async fn route(&self, request: pb::RouteRequest) -> RouteAnswer {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(Outgoing::Route(Box::new(request), reply))
+            .await
+            .map_err(|_| tonic::Status::unavailable("route stream closed"))?;
+        answer
+            .await
+            .unwrap_or_else(|_| Err(tonic::Status::unavailable("route stream closed")))
+    }
+
+    /// Sends a report over the stream when it is healthy; gives it back otherwise.
+    fn try_report(&self, report: pb::ReportRequest) -> Result<(), pb::ReportRequest> {
+        if !self.is_up.load(Ordering::Acquire) {
+            return Err(report);
+        }
+        match self.tx.try_send(Outgoing::Report(report)) {
+            Ok(()) => Ok(()),
+            Err(error) => match error.into_inner() {
+                Outgoing::Report(report) => Err(report),
+                // Only a report was sent; nothing else can come back.
+                Outgoing::Route(..) => Ok(()),
+            },
+        }
+    }
+}
+
+async fn run_route_stream(
+    mut client: RouterClient<tonic::transport::Channel>,
+    mut rx: mpsc::Receiver<Outgoing>,
+    is_up: Arc<AtomicBool>,
+) {
+    let mut waiting: HashMap<String, oneshot::Sender<RouteAnswer>> = HashMap::new();
+    let fail_all = |waiting: &mut HashMap<String, oneshot::Sender<RouteAnswer>>,
+                    status: &tonic::Status| {
+        for (_, reply) in waiting.drain() {
+            let _ = reply.send(Err(status.clone()));
+        }
+    };
+    let to_message =
+        |outgoing: Outgoing, waiting: &mut HashMap<String, oneshot::Sender<RouteAnswer>>| {
+            let kind = match outgoing {
+                Outgoing::Route(request, reply) => {
+                    waiting.insert(request.request_id.clone(), reply);
+                    pb::route_stream_request::Kind::Route(*request)
+                }
+                Outgoing::Report(report) => pb::route_stream_request::Kind::Report(report),
+            };
+            pb::RouteStreamRequest { kind: Some(kind) }
+        };
+    loop {
+        let Some(first) = rx.recv().await else {
+            return;
+        };
+        let (out_tx, out_rx) = mpsc::channel(ROUTE_STREAM_QUEUE);
+        if out_tx.try_send(to_message(first, &mut waiting)).is_err() {
+            fail_all(
+                &mut waiting,
+                &tonic::Status::unavailable("route stream closed"),
+            );
+            continue;
+        }
+        let mut answers = match client
+            .route_stream(tokio_stream::wrappers::ReceiverStream::new(out_rx))
+            .await
+        {
+            Ok(response) => response.into_inner(),
+            Err(status) => {
+                fail_all(&mut waiting, &status);
+                continue;
+            }
+        };
+        is_up.store(true, Ordering::Release);
+        let failure = loop {
+            tokio::select! {
+                outgoing = rx.recv() => {
+                    let Some(outgoing) = outgoing else { return };
+                    if out_tx.send(to_message(outgoing, &mut waiting)).await.is_err() {
+                        break tonic::Status::unavailable("route stream closed");
+                    }
+                }
+                answer = answers.next() => match answer {
+                    Some(Ok(answer)) => {
+                        let Some(reply) = waiting.remove(&answer.request_id) else { continue };
+                        let result = match answer.result {
+                            Some(pb::route_stream_response::Result::Decision(decision)) => Ok(decision),
+                            Some(pb::route_stream_response::Result::Failure(failure)) => Err(
+                                tonic::Status::new(tonic::Code::from(failure.code), failure.message),
+                            ),
+                            None => Err(tonic::Status::internal("empty route answer")),
+                        };
+                        let _ = reply.send(result);
+                    }
+                    Some(Err(status)) => break status,
+                    None => break tonic::Status::unavailable("route stream ended"),
+                },
+            }
+        };
+        is_up.store(false, Ordering::Release);
+        fail_all(&mut waiting, &failure);
+    }
 }
 
 struct Inner {
@@ -114,10 +253,8 @@ impl RemoteRouters {
         let mut last_failure = String::new();
         for attempt in 0..replicas.len() {
             let replica = &replicas[(start + attempt) % replicas.len()];
-            let mut client = replica.client.clone();
-            match client.route(wire_request.clone()).await {
+            match replica.stream.route(wire_request.clone()).await {
                 Ok(response) => {
-                    let response = response.into_inner();
                     return Ok(RemoteLease {
                         routers: self.clone(),
                         model: model.to_string(),
@@ -178,9 +315,17 @@ impl RemoteRouters {
             .count()
     }
 
-    /// Sends a report to the replica that decided, then to the others until one takes it.
+    /// Sends a report to the replica that decided: over its stream when that is up, else as a
+    /// unary call, then to the others until one takes it.
     async fn report(&self, decided_by: u64, report: pb::ReportRequest) {
         let replicas = self.inner.replicas.load();
+        let report = match replicas.iter().find(|r| r.instance_id == decided_by) {
+            Some(owner) => match owner.stream.try_report(report) {
+                Ok(()) => return,
+                Err(report) => report,
+            },
+            None => report,
+        };
         let ordered = replicas
             .iter()
             .filter(|r| r.instance_id == decided_by)
@@ -213,9 +358,11 @@ fn replica_of(record: &pb::InstanceRecord, timeout: Duration) -> Option<Replica>
         .connect_timeout(timeout)
         .tcp_nodelay(true)
         .connect_lazy();
+    let client = RouterClient::new(channel);
     Some(Replica {
         instance_id: record.instance_id,
-        client: RouterClient::new(channel),
+        stream: RouteChannel::spawn(client.clone()),
+        client,
     })
 }
 

@@ -238,6 +238,9 @@ fn validate(model: &str, request_id: &str, token_ids: &[u32]) -> Result<(), Rout
     Ok(())
 }
 
+/// Answers of one `RouteStream` that may wait for the caller to read them.
+const ROUTE_STREAM_QUEUE: usize = 1024;
+
 /// How many workers one `Generate` tries when the earlier ones are unreachable.
 const MAX_START_ATTEMPTS: usize = 3;
 
@@ -247,38 +250,65 @@ impl Router for RouterService {
         &self,
         request: Request<pb::RouteRequest>,
     ) -> Result<Response<pb::RouteResponse>, Status> {
-        let request = request.into_inner();
-        let started = Instant::now();
-        let result = async {
-            validate(&request.model, &request.request_id, &request.token_ids)?;
-            let model = self.model(&request.model)?;
-            let hints = wire::hints_from_proto(
-                request.hints.as_ref(),
-                &request.allowed_worker_ids,
-                request.session_bind_ttl_secs,
-                request.config_override.as_ref(),
-            );
-            let route_request = RouteRequest {
-                request_id: request.request_id.clone(),
-                token_ids: &request.token_ids,
-                lora_name: (!request.lora_name.is_empty()).then_some(request.lora_name.as_str()),
-                cache_salt: (!request.cache_salt.is_empty()).then_some(request.cache_salt.as_str()),
-                hints,
-            };
-            let guard =
-                route_with_index(&model.router, model.indexer.as_ref(), &route_request).await?;
-            // From here the caller reports the request's life (or expiry frees it).
-            let decision = guard.detach();
-            Ok(wire::decision_to_proto(
-                &decision,
-                &model.router.router_id(),
-                model.router.tracks_output_tokens(),
-            ))
-        }
-        .await;
-        self.metrics
-            .observe_decision(&request.model, &result, started.elapsed());
-        result.map(Response::new).map_err(|error| error.to_status())
+        self.decide(request.into_inner())
+            .await
+            .map(Response::new)
+            .map_err(|error| error.to_status())
+    }
+
+    type RouteStreamStream =
+        futures::stream::BoxStream<'static, Result<pb::RouteStreamResponse, Status>>;
+
+    async fn route_stream(
+        &self,
+        request: Request<tonic::Streaming<pb::RouteStreamRequest>>,
+    ) -> Result<Response<Self::RouteStreamStream>, Status> {
+        let mut incoming = request.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel(ROUTE_STREAM_QUEUE);
+        let service = self.clone();
+        tokio::spawn(async move {
+            // Decisions run concurrently (one may wait in the queue); each answer goes out as
+            // soon as it is made. Dropping the call (caller gone) ends the loop; decisions still
+            // running are then answered to nobody and left to expiry, like a lost unary answer.
+            while let Some(message) = incoming.next().await {
+                let Ok(message) = message else { break };
+                match message.kind {
+                    Some(pb::route_stream_request::Kind::Route(route)) => {
+                        let service = service.clone();
+                        let tx = tx.clone();
+                        tokio::spawn(async move {
+                            let request_id = route.request_id.clone();
+                            let result = match service.decide(route).await {
+                                Ok(decision) => {
+                                    pb::route_stream_response::Result::Decision(decision)
+                                }
+                                Err(error) => {
+                                    let status = error.to_status();
+                                    pb::route_stream_response::Result::Failure(pb::RouteFailure {
+                                        code: status.code() as i32,
+                                        message: status.message().to_string(),
+                                    })
+                                }
+                            };
+                            let answer = pb::RouteStreamResponse {
+                                request_id,
+                                result: Some(result),
+                            };
+                            let _ = tx.send(Ok(answer)).await;
+                        });
+                    }
+                    Some(pb::route_stream_request::Kind::Report(report)) => {
+                        if let Err(status) = service.apply_report(report) {
+                            tracing::debug!(%status, "streamed report refused");
+                        }
+                    }
+                    None => {}
+                }
+            }
+        });
+        Ok(Response::new(
+            tokio_stream::wrappers::ReceiverStream::new(rx).boxed(),
+        ))
     }
 
     type GenerateStream = std::pin::Pin<
@@ -306,53 +336,8 @@ impl Router for RouterService {
         &self,
         request: Request<pb::ReportRequest>,
     ) -> Result<Response<pb::ReportResponse>, Status> {
-        let report = request.into_inner();
-        let model = self.model(&report.model).map_err(|e| e.to_status())?;
-        let kind = if report.terminal != 0 {
-            "end"
-        } else if report.first_token {
-            "first_token"
-        } else {
-            "tokens"
-        };
-        self.metrics.count_report(&model.name, kind);
-        let router = &model.router;
-        let own_id = router.router_id();
-        let terminal = wire::terminal_from_proto(report.terminal);
-        if report.router_id.is_empty() || report.router_id == own_id {
-            if report.first_token {
-                router.mark_prefill_done(&report.request_id);
-            }
-            if report.output_tokens > 0 && router.tracks_output_tokens() {
-                router.add_output_tokens(&report.request_id, u64::from(report.output_tokens));
-            }
-            let tracked = match terminal {
-                Some(path) => router.free(&report.request_id, path),
-                None => true,
-            };
-            return Ok(Response::new(pb::ReportResponse { tracked }));
-        }
-        // Routed by another replica that the caller could not reach: apply the change to the
-        // copy replica sync gave this one, and pass it on to the rest.
-        let kind = match (terminal, report.first_token) {
-            (Some(_), _) => SyncKind::Free,
-            (None, true) => SyncKind::MarkPrefillCompleted,
-            (None, false) => return Ok(Response::new(pb::ReportResponse { tracked: true })),
-        };
-        let Some(worker) = router
-            .with_core(|core, _| core.tracked_worker_of(&report.router_id, &report.request_id))
-        else {
-            return Ok(Response::new(pb::ReportResponse { tracked: false }));
-        };
-        let event = SyncEvent {
-            router_id: report.router_id,
-            request_id: report.request_id,
-            worker,
-            kind,
-        };
-        router.apply_sync_event(&event);
-        router.publish_sync(event);
-        Ok(Response::new(pb::ReportResponse { tracked: true }))
+        let tracked = self.apply_report(request.into_inner())?;
+        Ok(Response::new(pb::ReportResponse { tracked }))
     }
 
     async fn get_busy_thresholds(
@@ -390,6 +375,92 @@ impl Router for RouterService {
 }
 
 impl RouterService {
+    /// Decides one `Route` request (also each route of a `RouteStream`) and counts it; the
+    /// request stays tracked until reported finished or expired.
+    async fn decide(&self, request: pb::RouteRequest) -> Result<pb::RouteResponse, RouteError> {
+        let started = Instant::now();
+        let result = async {
+            validate(&request.model, &request.request_id, &request.token_ids)?;
+            let model = self.model(&request.model)?;
+            let hints = wire::hints_from_proto(
+                request.hints.as_ref(),
+                &request.allowed_worker_ids,
+                request.session_bind_ttl_secs,
+                request.config_override.as_ref(),
+            );
+            let route_request = RouteRequest {
+                request_id: request.request_id.clone(),
+                token_ids: &request.token_ids,
+                lora_name: (!request.lora_name.is_empty()).then_some(request.lora_name.as_str()),
+                cache_salt: (!request.cache_salt.is_empty()).then_some(request.cache_salt.as_str()),
+                hints,
+            };
+            let guard =
+                route_with_index(&model.router, model.indexer.as_ref(), &route_request).await?;
+            // From here the caller reports the request's life (or expiry frees it).
+            let decision = guard.detach();
+            Ok(wire::decision_to_proto(
+                &decision,
+                &model.router.router_id(),
+                model.router.tracks_output_tokens(),
+            ))
+        }
+        .await;
+        self.metrics
+            .observe_decision(&request.model, &result, started.elapsed());
+        result
+    }
+
+    /// Applies one report (unary or streamed); returns whether the request was still tracked.
+    fn apply_report(&self, report: pb::ReportRequest) -> Result<bool, Status> {
+        let model = self.model(&report.model).map_err(|e| e.to_status())?;
+        let kind = if report.terminal != 0 {
+            "end"
+        } else if report.first_token {
+            "first_token"
+        } else {
+            "tokens"
+        };
+        self.metrics.count_report(&model.name, kind);
+        let router = &model.router;
+        let own_id = router.router_id();
+        let terminal = wire::terminal_from_proto(report.terminal);
+        if report.router_id.is_empty() || report.router_id == own_id {
+            if report.first_token {
+                router.mark_prefill_done(&report.request_id);
+            }
+            if report.output_tokens > 0 && router.tracks_output_tokens() {
+                router.add_output_tokens(&report.request_id, u64::from(report.output_tokens));
+            }
+            let tracked = match terminal {
+                Some(path) => router.free(&report.request_id, path),
+                None => true,
+            };
+            return Ok(tracked);
+        }
+        // Routed by another replica that the caller could not reach: apply the change to the
+        // copy replica sync gave this one, and pass it on to the rest.
+        let kind = match (terminal, report.first_token) {
+            (Some(_), _) => SyncKind::Free,
+            (None, true) => SyncKind::MarkPrefillCompleted,
+            (None, false) => return Ok(true),
+        };
+        let Some(worker) = router
+            .with_core(|core, _| core.tracked_worker_of(&report.router_id, &report.request_id))
+        else {
+            return Ok(false);
+        };
+        let event = SyncEvent {
+            router_id: report.router_id,
+            request_id: report.request_id,
+            worker,
+            kind,
+        };
+        router.apply_sync_event(&event);
+        router.publish_sync(event);
+        Ok(true)
+    }
+
     /// Routes a generation and starts it, retrying on another worker when the chosen one cannot
     /// be reached (nothing has been streamed yet, so that is safe).
     async fn start_generate(
