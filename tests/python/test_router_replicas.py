@@ -183,6 +183,29 @@ def test_generate_routes_and_proxies_the_stream(replicas_mesh):
     assert error.value.code() == grpc.StatusCode.NOT_FOUND
 
 
+def test_route_stream_answers_by_request_id(replicas_mesh):
+    pb = proto_stubs()
+    router_pb2 = pb["router_pb2"]
+    client = pb["router_pb2_grpc"].RouterStub(grpc.insecure_channel(replicas_mesh.router_addrs[2]))
+    good = [uuid.uuid4().hex for _ in range(3)]
+    messages = [router_pb2.RouteStreamRequest(route=router_pb2.RouteRequest(model="tiny", request_id=rid,
+                                                                            token_ids=[4] * BLOCK))
+                for rid in good]
+    messages.append(router_pb2.RouteStreamRequest(route=router_pb2.RouteRequest(model="nope", request_id="bad",
+                                                                                token_ids=[1])))
+    answers = {}
+    stream = client.RouteStream(iter(messages), timeout=10)
+    for answer in stream:
+        answers[answer.request_id] = answer
+        if len(answers) == 4:
+            break
+    stream.cancel()
+    assert all(answers[rid].HasField("decision") and answers[rid].decision.worker_id for rid in good)
+    assert answers["bad"].failure.code == grpc.StatusCode.NOT_FOUND.value[0]
+    for rid in good:
+        assert report(replicas_mesh.router_addrs[2], rid, answers[rid].decision.router_id)
+
+
 def test_killing_a_replica_fails_no_request(replicas_mesh):
     stop = threading.Event()
     results = []
