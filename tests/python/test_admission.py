@@ -234,3 +234,21 @@ def test_session_affinity_pins_a_session_to_its_first_worker():
         assert len(seen) == 1, seen
     finally:
         mesh.stop()
+
+
+def test_a_model_waits_for_its_minimum_of_workers():
+    port = free_port()
+    proc = Proc("up-min-workers", ["kvmesh", "up", "--http-host", "127.0.0.1", "--http-port", str(port),
+                                   "--num-workers", "2", "--tcp-rpc-port", str(free_port()),
+                                   "--router-min-initial-workers", "3"])
+    mesh = Mesh(f"http://127.0.0.1:{port}", [proc])
+    try:
+        from conftest import wait_until
+        wait_until(lambda: requests.get(f"{mesh.base_url}/live", timeout=2).status_code == 200, what="live")
+        time.sleep(1.0)  # both workers registered by now
+        assert requests.get(f"{mesh.base_url}/v1/models", timeout=5).json()["data"] == []
+        r = post(mesh, {"prompt": [1, 2, 3], "max_tokens": 1})
+        assert r.status_code == 503, r.text
+        assert requests.get(f"{mesh.base_url}/health", timeout=5).status_code == 503
+    finally:
+        mesh.stop()

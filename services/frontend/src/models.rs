@@ -65,6 +65,12 @@ pub struct ModelEntry {
 }
 
 impl ModelEntry {
+    /// Whether the model is listed and served: it has workers, and its router has the
+    /// `--router-min-initial-workers` it waits for (discovery.md §3, readiness).
+    pub fn is_ready(&self) -> bool {
+        !self.workers.is_empty() && self.router.is_ready()
+    }
+
     /// The router replicas requests of this model go to, when `--use-remote-router` selects
     /// them (`on`, or `auto` with replicas registered).
     pub fn active_remote(&self) -> Option<&RemoteRouters> {

@@ -13,10 +13,7 @@ use crate::error::FrontendError;
 /// `GET /v1/models`: ready models only.
 pub async fn list_models(State(state): State<Arc<AppState>>) -> Response {
     let table = state.models.load();
-    let mut names: Vec<_> = table
-        .values()
-        .filter(|entry| !entry.workers.is_empty())
-        .collect();
+    let mut names: Vec<_> = table.values().filter(|entry| entry.is_ready()).collect();
     names.sort_by(|a, b| a.name.cmp(&b.name));
     let data: Vec<_> = names
         .iter()
@@ -32,7 +29,7 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Response {
     let table = state.models.load();
     let ready: Vec<&str> = table
         .values()
-        .filter(|entry| !entry.workers.is_empty())
+        .filter(|entry| entry.is_ready())
         .map(|entry| entry.name.as_str())
         .collect();
     let instances: usize = table.values().map(|entry| entry.workers.len()).sum();
