@@ -335,6 +335,13 @@ async fn reconcile(
                 None => match connect_worker(&instance.address, &config.grpc) {
                     Ok(endpoint) => {
                         tracing::info!(model = %name, worker_id = %format!("{:x}", instance.instance_id), address = %instance.address, "worker added");
+                        if config.kv_cache_block_size.is_none() {
+                            state.routing.check_block_size(
+                                name,
+                                instance.instance_id,
+                                record.card.as_ref(),
+                            );
+                        }
                         WorkerRef {
                             id: instance.instance_id,
                             endpoint,

@@ -266,6 +266,8 @@ pub fn attach_index(
 pub struct ModelRouter {
     /// The model's router.
     pub router: SharedRouter,
+    /// Tokens per block the router hashes prompts with.
+    pub block_size: u32,
     /// The namespace's indexer shards, when overlap is read remotely.
     pub indexer: Option<IndexerClient>,
     load_task: tokio::task::JoinHandle<()>,
@@ -349,10 +351,32 @@ impl ModelRouter {
         tracing::info!(model = %name, block_size, "model added");
         Some(Self {
             router,
+            block_size,
             indexer,
             load_task,
             sync_stop,
         })
+    }
+}
+
+impl ModelRouter {
+    /// Warns when a worker's card advertises a block size other than the one this model routes
+    /// with: its KV events hash other blocks, so its cache never matches a prompt and kv routing
+    /// treats it as cold (run every worker of a model with one block size, or set
+    /// `--kv-cache-block-size` to theirs).
+    pub fn check_block_size(&self, model: &str, worker_id: u64, card: Option<&ModelCard>) {
+        if let Some(card) = card
+            && card.kv_cache_block_size > 0
+            && card.kv_cache_block_size != self.block_size
+        {
+            tracing::warn!(
+                %model,
+                worker_id = %format!("{worker_id:x}"),
+                worker_block_size = card.kv_cache_block_size,
+                routing_block_size = self.block_size,
+                "worker's KV block size differs from the model's: its cache will not match prompts"
+            );
+        }
     }
 }
 

@@ -160,6 +160,11 @@ async fn reconcile(
                 None => match connect_worker(&instance.address, &config.grpc) {
                     Ok(endpoint) => {
                         tracing::info!(model = %name, worker_id = %format!("{id:x}"), "worker added");
+                        if config.kv_cache_block_size.is_none() {
+                            state
+                                .routing
+                                .check_block_size(name, id, record.card.as_ref());
+                        }
                         endpoint
                     }
                     Err(error) => {
