@@ -273,17 +273,25 @@ impl Router for RouterService {
         let service = self.clone();
         tokio::spawn(async move {
             // Decisions run concurrently (one may wait in the queue); each answer goes out as
-            // soon as it is made. Dropping the call (caller gone) ends the loop; decisions still
-            // running are then answered to nobody and left to expiry, like a lost unary answer.
+            // soon as it is made. When the caller goes away, decisions still waiting in the queue
+            // leave it (their futures are dropped); one already made is left to expiry, like a
+            // lost unary answer.
+            let caller_gone = tokio_util::sync::CancellationToken::new();
+            let _cancel_on_exit = caller_gone.clone().drop_guard();
             while let Some(message) = incoming.next().await {
                 let Ok(message) = message else { break };
                 match message.kind {
                     Some(pb::route_stream_request::Kind::Route(route)) => {
                         let service = service.clone();
                         let tx = tx.clone();
+                        let caller_gone = caller_gone.clone();
                         tokio::spawn(async move {
                             let request_id = route.request_id.clone();
-                            let result = match service.decide(route).await {
+                            let decided = tokio::select! {
+                                _ = caller_gone.cancelled() => return,
+                                decided = service.decide(route) => decided,
+                            };
+                            let result = match decided {
                                 Ok(decision) => {
                                     pb::route_stream_response::Result::Decision(decision)
                                 }
