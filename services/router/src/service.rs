@@ -273,22 +273,21 @@ impl Router for RouterService {
         let service = self.clone();
         tokio::spawn(async move {
             // Decisions run concurrently (one may wait in the queue); each answer goes out as
-            // soon as it is made. When the caller goes away, decisions still waiting in the queue
-            // leave it (their futures are dropped); one already made is left to expiry, like a
-            // lost unary answer.
-            let caller_gone = tokio_util::sync::CancellationToken::new();
-            let _cancel_on_exit = caller_gone.clone().drop_guard();
+            // soon as it is made. When the caller goes away (its answer stream is dropped),
+            // decisions still waiting in the queue leave it; one already made is left to expiry,
+            // like a lost unary answer.
             while let Some(message) = incoming.next().await {
                 let Ok(message) = message else { break };
                 match message.kind {
                     Some(pb::route_stream_request::Kind::Route(route)) => {
                         let service = service.clone();
                         let tx = tx.clone();
-                        let caller_gone = caller_gone.clone();
                         tokio::spawn(async move {
                             let request_id = route.request_id.clone();
+                            // The answer stream closes when the caller goes away (not when it
+                            // merely stops sending).
                             let decided = tokio::select! {
-                                _ = caller_gone.cancelled() => return,
+                                _ = tx.closed() => return,
                                 decided = service.decide(route) => decided,
                             };
                             let result = match decided {
