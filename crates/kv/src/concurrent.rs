@@ -13,8 +13,9 @@
 //! node records, member lists, member infos) in atomics inside chunks that never move, reached
 //! through a layout the writer republishes when it adds a chunk; freed records and lists are only
 //! reused after every query that might still see them has finished (an epoch grace period). A
-//! query walks each lane's index in turn on the caller's thread and merges the rows: lanes hold
-//! disjoint workers, so the merge is a union plus an element-wise sum of frequencies, exactly
+//! query walks the lanes' indexes on the caller's thread, up to four together (each window of
+//! path keys is touched in every lane before any is probed, so their cache misses overlap), and
+//! merges the rows: lanes hold disjoint workers, so the merge is a union plus an element-wise sum of frequencies, exactly
 //! like the fan-out over shards. Writers never wait for queries and queries never wait for
 //! writers; a query sees each node as some prefix of its worker's events left it. Because every
 //! lane's index is a plain [`RadixIndex`], the answers, digest and counts are by construction
@@ -66,8 +67,6 @@ enum Msg {
 struct Lane {
     /// The lane's index, owned by its apply thread between messages.
     index: Arc<Mutex<RadixIndex>>,
-    /// What queries read, without the mutex.
-    shared: Arc<Shared>,
     tx: Option<SyncSender<Msg>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -75,6 +74,8 @@ struct Lane {
 /// A [`RadixIndex`] split over apply lanes, queried without locks (see the module docs).
 pub struct ConcurrentIndex {
     lanes: Vec<Lane>,
+    /// What queries read of each lane, without the mutex (in lane order).
+    shareds: Vec<Arc<Shared>>,
 }
 
 impl std::fmt::Debug for ConcurrentIndex {
@@ -94,10 +95,11 @@ impl ConcurrentIndex {
     /// An empty index whose lanes queue at most `capacity` batches each; [`Self::apply`] blocks
     /// when a lane's queue is full, which pushes back on the event consumer.
     pub fn with_queue_capacity(lanes: usize, capacity: usize) -> Self {
+        let mut shareds = Vec::with_capacity(lanes.max(1));
         let lanes = (0..lanes.max(1))
             .map(|lane| {
                 let index = RadixIndex::new();
-                let shared = Arc::clone(index.shared());
+                shareds.push(Arc::clone(index.shared()));
                 let index = Arc::new(Mutex::new(index));
                 let (tx, rx) = sync_channel(capacity.max(1));
                 let lane_index = Arc::clone(&index);
@@ -107,13 +109,12 @@ impl ConcurrentIndex {
                     .ok();
                 Lane {
                     index,
-                    shared,
                     tx: thread.is_some().then_some(tx),
                     thread,
                 }
             })
             .collect();
-        Self { lanes }
+        Self { lanes, shareds }
     }
 
     /// Number of apply lanes.
@@ -158,9 +159,7 @@ impl ConcurrentIndex {
     /// without taking any lock, while the lanes apply events.
     pub fn find_matches(&self, local_hashes: &[u64]) -> OverlapScores {
         let mut out = OverlapScores::default();
-        for lane in &self.lanes {
-            find_into(&lane.shared, local_hashes, &mut out);
-        }
+        find_into(&self.shareds, local_hashes, &mut out);
         out.sort();
         out
     }

@@ -281,7 +281,7 @@ proptest! {
         steps in prop::collection::vec(step_strategy(40, 40, 6), 1..300),
         tail in prop::collection::vec(step_strategy(40, 40, 6), 0..50),
         random_queries in prop::collection::vec(prop::collection::vec(0u64..6, 1..9), 0..10),
-        lanes in 1usize..5,
+        lanes in 1usize..7,
         reload_lanes in 1usize..4,
     ) {
         check_stream(steps, tail, random_queries, lanes, reload_lanes)?;
