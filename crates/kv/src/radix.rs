@@ -25,7 +25,7 @@
 //!   a signature of their member set, so a prefix shared by hundreds of workers is walked without
 //!   comparing hundreds of entries per depth.
 //! * **12-byte lookup slots.** Each member's `engine hash → node | tiers << 28` map, like the
-//!   path-key index, is a tombstone-free Robin Hood table with 12-byte slots at ~2/3 load.
+//!   path-key index, is a tombstone-free linear-probing table with 12-byte slots at ~2/3 load.
 //! * **Dense member ids**, never reused; a query tracks members in thread-local scratch arrays
 //!   indexed by id, so intersecting the matching set with a node costs one pass over its entries.
 //! * **Warm-up passes**: before applying a window of events the writer reads the lines it will

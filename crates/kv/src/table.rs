@@ -5,12 +5,13 @@
 //! split in two `u32` halves, no padding), the table runs at up to 80 % load and grows by half
 //! (any capacity, not just powers of two: the home slot is a multiply-shift "fast range" of a
 //! Fibonacci hash), keeping the average load near two thirds. Linear probing keeps a lookup to
-//! about one cache line; removal shifts later entries back instead of leaving tombstones, so the
-//! table never degrades. Key 0 is the empty marker and is stored out of line.
+//! about one cache line; an insert writes one slot and moves nothing, and removal shifts later
+//! entries of the run back (Knuth's algorithm R) instead of leaving tombstones, so the table never
+//! degrades. Key 0 is the empty marker and is stored out of line.
 //!
 //! Slots are atomics so the node index can be read by queries while its single writer changes
 //! it (the member lookups, private to their writer, pay nothing for it: these loads and stores
-//! are plain moves on x86). A concurrent reader can miss an entry that a Robin Hood shift is
+//! are plain moves on x86). A concurrent reader can miss an entry that a removal's shift is
 //! moving or read a slot half-written; callers of [`U64Table::get`] from other threads validate
 //! what they find (the node index checks the node's own key). Growing or shrinking builds a new
 //! table ([`U64Table::resized`]), which a shared owner publishes while readers finish on the old.
@@ -144,21 +145,7 @@ impl U64Table {
         if i + 1 == self.slots.len() { 0 } else { i + 1 }
     }
 
-    /// Probe distance of the entry in slot `i` from its home slot.
-    #[inline]
-    fn distance(&self, i: usize, key: u64) -> usize {
-        let home = self.home(key);
-        if i >= home {
-            i - home
-        } else {
-            i + self.slots.len() - home
-        }
-    }
-
     /// Value under `key`.
-    ///
-    /// Robin Hood order (entries sorted by probe distance along a run) lets a miss stop as soon
-    /// as it meets an entry closer to its home than the probe is, instead of at the next hole.
     #[inline]
     pub(crate) fn get(&self, key: u64) -> Option<u32> {
         self.locate(key).map(|pos| self.value_at(pos))
@@ -173,7 +160,7 @@ impl U64Table {
         if self.slots.is_empty() {
             return 0;
         }
-        // The home slot's line and the next one: probes and Robin Hood shifts often run on.
+        // The home slot's line and the next one: probes and removal shifts often run on.
         let home = self.home(key);
         let next = self.slots[(home + 5).min(self.slots.len() - 1)]
             .hi
@@ -245,38 +232,27 @@ impl U64Table {
         self.place(key, val, is_overwrite)
     }
 
-    /// Robin Hood insertion into a table with room: walks the run, replacing the value if the key
-    /// is there, else takes the slot of the first entry closer to its home and carries that
-    /// entry on.
+    /// Linear-probing insertion into a table with room: walks the run from the key's home slot,
+    /// replacing the value if the key is there, else writing the first empty slot (one store:
+    /// no entry moves).
     fn place(&self, key: u64, val: u32, is_overwrite: bool) -> Option<u32> {
-        let mut carried = Slot::new(key, val);
-        let mut is_original = true;
         let mut i = self.home(key);
-        let mut dist = 0;
         loop {
             let slot = self.slots[i].load();
             if slot.is_empty() {
-                self.slots[i].store(carried);
+                self.slots[i].store(Slot::new(key, val));
                 // One writer: a plain load and store, not a locked read-modify-write.
                 self.len
                     .store(self.len.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
                 return None;
             }
-            if is_original && slot.key() == key {
+            if slot.key() == key {
                 if is_overwrite {
                     self.slots[i].val.store(val, Ordering::Release);
                 }
                 return Some(slot.val);
             }
-            let slot_dist = self.distance(i, slot.key());
-            if slot_dist < dist {
-                self.slots[i].store(carried);
-                carried = slot;
-                dist = slot_dist;
-                is_original = false;
-            }
             i = self.next(i);
-            dist += 1;
         }
     }
 
@@ -291,22 +267,18 @@ impl U64Table {
             return None;
         }
         let mut i = self.home(key);
-        let mut dist = 0;
-        loop {
+        // A bound on the walk: a reader racing the writer's moves must not loop for ever.
+        for _ in 0..self.slots.len() {
             let slot = self.slots[i].load();
             if slot.is_empty() {
                 return None;
             }
-            let slot_key = slot.key();
-            if slot_key == key {
+            if slot.key() == key {
                 return Some(i);
             }
-            if self.distance(i, slot_key) < dist || dist > self.slots.len() {
-                return None;
-            }
             i = self.next(i);
-            dist += 1;
         }
+        None
     }
 
     /// Value at a position from [`Self::locate`].
@@ -336,17 +308,27 @@ impl U64Table {
             self.zero.store(NO_ZERO, Ordering::Release);
             return;
         }
-        // Backward-shift deletion: move the rest of the run back one slot, up to a hole or an
-        // entry at its home, which keeps the Robin Hood order.
+        // Backward-shift deletion (Knuth's algorithm R): every later entry of the run that may
+        // not stay behind the hole (its home is not cyclically within `(hole, j]`) moves into
+        // it, so every entry stays reachable from its home without tombstones.
         let mut hole = pos;
+        let mut j = pos;
         loop {
-            let j = self.next(hole);
+            j = self.next(j);
             let slot = self.slots[j].load();
-            if slot.is_empty() || self.distance(j, slot.key()) == 0 {
+            if slot.is_empty() {
                 break;
             }
-            self.slots[hole].store(slot);
-            hole = j;
+            let home = self.home(slot.key());
+            let may_stay = if hole <= j {
+                hole < home && home <= j
+            } else {
+                hole < home || home <= j
+            };
+            if !may_stay {
+                self.slots[hole].store(slot);
+                hole = j;
+            }
         }
         self.slots[hole].store(Slot::default());
         self.len
@@ -402,6 +384,38 @@ mod tests {
         assert_eq!(table.remove(0), Some(7));
         assert_eq!(table.remove(5), Some(10));
         assert_eq!(table.len(), 0);
+    }
+
+    #[test]
+    fn removals_keep_every_other_key_reachable_at_high_load() {
+        // Random 64-bit keys, removed and re-inserted in rounds that keep the load near the
+        // 80 % limit, so runs are long and wrap around the end of the table.
+        let mut state = 0x1234_5678_9abc_def0u64;
+        let mut next_key = || {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1);
+            state ^ (state >> 29)
+        };
+        let mut table = U64Table::new();
+        let mut model = HashMap::new();
+        for round in 0..20u32 {
+            while model.len() < 4000 {
+                let key = next_key() | 1;
+                assert_eq!(table.insert(key, round), model.insert(key, round));
+            }
+            let doomed: Vec<u64> = model
+                .keys()
+                .copied()
+                .filter(|k| (k >> 7) % 3 == 0)
+                .collect();
+            for key in doomed {
+                assert_eq!(table.remove(key), model.remove(&key));
+            }
+            for (&key, &val) in &model {
+                assert_eq!(table.get(key), Some(val));
+            }
+        }
     }
 
     proptest! {
