@@ -310,8 +310,13 @@ impl U64Table {
         }
         // Backward-shift deletion (Knuth's algorithm R): every later entry of the run that may
         // not stay behind the hole (its home is not cyclically within `(hole, j]`) moves into
-        // it, so every entry stays reachable from its home without tombstones.
+        // it, so every entry stays reachable from its home without tombstones. Whether an entry
+        // moves is unpredictable, so the loop does not branch on it: the hole is rewritten every
+        // step, with the moving entry or with what it already holds.
+        let len = self.slots.len();
+        let wrap = |x: usize| if x >= len { x - len } else { x };
         let mut hole = pos;
+        let mut kept = self.slots[pos].load();
         let mut j = pos;
         loop {
             j = self.next(j);
@@ -320,15 +325,12 @@ impl U64Table {
                 break;
             }
             let home = self.home(slot.key());
-            let may_stay = if hole <= j {
-                hole < home && home <= j
-            } else {
-                hole < home || home <= j
-            };
-            if !may_stay {
-                self.slots[hole].store(slot);
-                hole = j;
-            }
+            // Offsets past the hole: `home` in `(hole, j]` iff its offset is at most `j`'s.
+            let is_moving = wrap(home + len - hole - 1) > wrap(j + len - hole - 1);
+            let written = if is_moving { slot } else { kept };
+            self.slots[hole].store(written);
+            hole = if is_moving { j } else { hole };
+            kept = written;
         }
         self.slots[hole].store(Slot::default());
         self.len
