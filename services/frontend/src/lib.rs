@@ -187,9 +187,12 @@ pub async fn run(
     let lease_lost = discovery.lease_lost();
     let mut failure = None;
     tokio::select! {
+        biased;
         _ = shutdown.cancelled() => {}
         _ = lease_lost.cancelled() => failure = Some("discovery lease lost".to_string()),
-        result = &mut watch_task => {
+        // The watcher also stops on shutdown (its token is a child of ours): only an end before
+        // shutdown is a failure.
+        result = &mut watch_task, if !shutdown.is_cancelled() => {
             let reason = match result {
                 Ok(Ok(())) => "stopped".to_string(),
                 Ok(Err(error)) => error.to_string(),
