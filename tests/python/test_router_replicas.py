@@ -46,6 +46,7 @@ def replicas_mesh():
     procs = [indexer, *mockers, *routers, frontend]
     mesh = Mesh(f"http://127.0.0.1:{port}", procs, namespace)
     mesh.routers = routers
+    mesh.env = env
     mesh.router_metrics = [f"http://127.0.0.1:{p}/metrics" for p in metrics_ports]
     mesh.router_addrs = [f"127.0.0.1:{p}" for p in router_ports]
     try:
@@ -204,6 +205,33 @@ def test_route_stream_answers_by_request_id(replicas_mesh):
     assert answers["bad"].failure.code == grpc.StatusCode.NOT_FOUND.value[0]
     for rid in good:
         assert report(replicas_mesh.router_addrs[2], rid, answers[rid].decision.router_id)
+
+
+def test_router_addresses_replace_discovery(replicas_mesh):
+    def frontend(address):
+        port = free_port()
+        proc = Proc("frontend-static", ["kvmesh-frontend", "--http-host", "127.0.0.1", "--http-port", str(port),
+                                        "--use-remote-router", "on", "--router-address", address],
+                    replicas_mesh.env)
+        return proc, Mesh(f"http://127.0.0.1:{port}", [proc])
+
+    routed = 'kvmesh_router_decisions_total{model="tiny",outcome="routed"}'
+    dead, dead_mesh = frontend(f"127.0.0.1:{free_port()}")
+    live, live_mesh = frontend(replicas_mesh.router_addrs[1])
+    try:
+        wait_ready(dead_mesh.base_url, "tiny", 2, [dead])
+        wait_ready(live_mesh.base_url, "tiny", 2, [live])
+        # Replicas are discoverable, but this frontend only knows an address nobody serves.
+        r = requests.post(f"{dead_mesh.base_url}/v1/completions",
+                          json={"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 2}, timeout=30)
+        assert r.status_code == 503, r.text
+        before = metric(replicas_mesh.router_metrics[1], routed) or 0
+        for _ in range(3):
+            complete(live_mesh, [1, 2, 3], max_tokens=2)
+        assert metric(replicas_mesh.router_metrics[1], routed) == before + 3
+    finally:
+        dead.kill()
+        live.kill()
 
 
 def test_killing_a_replica_fails_no_request(replicas_mesh):

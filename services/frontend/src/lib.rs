@@ -79,6 +79,7 @@ pub async fn run(
         },
         grpc: GrpcSettings::default(),
         remote_router: args.use_remote_router,
+        router_addresses: args.router_addresses.clone(),
         migration_limit: args.migration_limit,
         migration_max_seq_len: args.migration_max_seq_len,
     };

@@ -130,6 +130,8 @@ pub struct WatcherConfig {
     pub grpc: GrpcSettings,
     /// `--use-remote-router`: whether requests route through `kvmesh-router` replicas.
     pub remote_router: RemoteRouterMode,
+    /// `--router-address`: replicas by address instead of discovery.
+    pub router_addresses: Vec<String>,
     /// `--migration-limit` (0 = the card's).
     pub migration_limit: u32,
     /// `--migration-max-seq-len`.
@@ -151,6 +153,8 @@ struct ModelState {
 /// Router replica clients by namespace, connected on first use.
 struct Remotes {
     discovery: Arc<dyn Discovery>,
+    /// `--router-address`: these replicas serve every namespace, nothing is discovered.
+    addresses: Vec<String>,
     clients: HashMap<String, RemoteRouters>,
 }
 
@@ -162,6 +166,18 @@ impl Remotes {
     ) -> Option<RemoteRouters> {
         if let Some(client) = self.clients.get(namespace) {
             return Some(client.clone());
+        }
+        if !self.addresses.is_empty() {
+            return match RemoteRouters::with_addresses(&self.addresses, REMOTE_ROUTER_TIMEOUT) {
+                Ok(client) => {
+                    self.clients.insert(namespace.to_string(), client.clone());
+                    Some(client)
+                }
+                Err(error) => {
+                    tracing::error!(%error, "--router-address: routing in-process");
+                    None
+                }
+            };
         }
         match RemoteRouters::connect(
             self.discovery.clone(),
@@ -209,6 +225,7 @@ pub async fn watch_models(
         ),
         remotes: Remotes {
             discovery: config.discovery.clone(),
+            addresses: config.router_addresses.clone(),
             clients: HashMap::new(),
         },
     };

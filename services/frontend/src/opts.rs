@@ -68,6 +68,15 @@ pub struct FrontendArgs {
     #[arg(long, env = "KVMESH_USE_REMOTE_ROUTER", value_enum, default_value_t = RemoteRouterMode::Auto)]
     pub use_remote_router: RemoteRouterMode,
 
+    /// Router replicas by address (`host:port`, comma-separated) instead of discovery; with
+    /// them `--use-remote-router auto` routes remotely.
+    #[arg(
+        long = "router-address",
+        env = "KVMESH_ROUTER_ADDRESSES",
+        value_delimiter = ','
+    )]
+    pub router_addresses: Vec<String>,
+
     /// Milliseconds one overlap query to the indexer shards may take before it is answered
     /// without them (kv mode).
     #[arg(long, env = "KVMESH_INDEXER_QUERY_TIMEOUT_MS", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]

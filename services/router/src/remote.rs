@@ -213,6 +213,30 @@ impl RemoteRouters {
         Ok(Self { inner })
     }
 
+    /// The replicas at fixed `addresses` (`host:port`), for deployments that configure router
+    /// addresses instead of discovering them. Must run inside a Tokio runtime (each replica gets
+    /// its stream task). Fails on an address that is not a valid endpoint.
+    pub fn with_addresses(addresses: &[String], timeout: Duration) -> anyhow::Result<Self> {
+        let mut replicas = Vec::with_capacity(addresses.len());
+        for (index, address) in addresses.iter().enumerate() {
+            let record = pb::InstanceRecord {
+                instance_id: index as u64 + 1,
+                address: address.clone(),
+                ..Default::default()
+            };
+            let replica = replica_of(&record, timeout).ok_or_else(|| {
+                anyhow::anyhow!("router address {address:?} is not a valid endpoint")
+            })?;
+            replicas.push(replica);
+        }
+        let inner = Arc::new(Inner {
+            replicas: InstanceList::fixed(replicas),
+            next: AtomicUsize::new(0),
+            timeout,
+        });
+        Ok(Self { inner })
+    }
+
     /// Replicas currently known.
     pub fn num_replicas(&self) -> usize {
         self.inner.replicas.len()

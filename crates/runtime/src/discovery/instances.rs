@@ -71,6 +71,13 @@ impl<T: Clone + Send + Sync + 'static> InstanceList<T> {
         Ok(Self { items })
     }
 
+    /// A list that never changes (instances given by address instead of discovered).
+    pub fn fixed(items: Vec<T>) -> Self {
+        Self {
+            items: Arc::new(ArcSwap::from_pointee(items)),
+        }
+    }
+
     /// The instances now.
     pub fn load(&self) -> Arc<Vec<T>> {
         self.items.load_full()
