@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use clap::ValueEnum;
 use kvmesh_router::{
     BusyThresholds, Decision, RankLoadSnapshot, Rng, RouteOutcome, RouteRequest, RouterConfig,
     RouterCore, RouterMode, RoutingHints, RuntimeConfig, SessionAffinityMode, TerminalPath, Ticket,
@@ -14,15 +15,10 @@ use kvmesh_router::{
 };
 use proptest::prelude::*;
 
-const MODES: [RouterMode; 7] = [
-    RouterMode::RoundRobin,
-    RouterMode::Random,
-    RouterMode::PowerOfTwo,
-    RouterMode::LeastLoaded,
-    RouterMode::Kv,
-    RouterMode::Direct,
-    RouterMode::DeviceAwareWeighted,
-];
+/// Every routing mode (a new one is covered without editing this test).
+fn modes() -> &'static [RouterMode] {
+    RouterMode::value_variants()
+}
 
 #[derive(Debug, Clone)]
 struct Knobs {
@@ -44,7 +40,7 @@ struct Knobs {
 impl Knobs {
     fn from_bits(mode: usize, workers: u64, bits: &[bool]) -> Self {
         Self {
-            mode: MODES[mode],
+            mode: modes()[mode],
             workers,
             ranks: if bits[0] { 2 } else { 1 },
             output_blocks: bits[1],
@@ -323,7 +319,7 @@ proptest! {
 
     #[test]
     fn every_terminal_path_releases_all_load(
-        mode in 0usize..7,
+        mode in 0..modes().len(),
         workers in 1u64..=5,
         bits in proptest::collection::vec(any::<bool>(), 12),
         seed in any::<u64>(),
@@ -343,7 +339,7 @@ proptest! {
 
     #[test]
     fn identical_idle_workers_share_requests_evenly(workers in 2u64..=6, seed in any::<u64>()) {
-        for mode in 0..MODES.len() {
+        for mode in 0..modes().len() {
             let mut sim = Sim::new(Knobs::balanced(mode, workers), seed);
             while sim.next_id < 400 * workers {
                 sim.step();
@@ -357,7 +353,7 @@ proptest! {
 
 #[test]
 fn equal_seeds_give_equal_decisions() {
-    for mode in 0..MODES.len() {
+    for mode in 0..modes().len() {
         let knobs = Knobs::from_bits(mode, 4, &[true; 12]);
         let run = |seed| {
             let mut sim = Sim::new(knobs.clone(), seed);

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use clap::ValueEnum;
 use kvmesh_router::{
     Admission, BusyThresholds, ManualClock, QueuedRoute, RankLoadSnapshot, Rng, RouteGuard,
     RouteRequest, RouterConfig, RouterCore, RouterMode, RoutingHints, RuntimeConfig, SharedRouter,
@@ -15,15 +16,10 @@ use kvmesh_router::{
 };
 use proptest::prelude::*;
 
-const MODES: [RouterMode; 7] = [
-    RouterMode::RoundRobin,
-    RouterMode::Random,
-    RouterMode::PowerOfTwo,
-    RouterMode::LeastLoaded,
-    RouterMode::Kv,
-    RouterMode::Direct,
-    RouterMode::DeviceAwareWeighted,
-];
+/// Every routing mode (a new one is covered without editing this test).
+fn modes() -> &'static [RouterMode] {
+    RouterMode::value_variants()
+}
 
 fn router(
     mode: RouterMode,
@@ -68,13 +64,13 @@ proptest! {
 
     #[test]
     fn guards_release_on_every_path(
-        mode in 0usize..7,
+        mode in 0..modes().len(),
         workers in 1u64..=4,
         bits in proptest::collection::vec(any::<bool>(), 5),
         seed in any::<u64>(),
         steps in 100usize..800,
     ) {
-        let (router, clock) = router(MODES[mode], workers, &bits, seed);
+        let (router, clock) = router(modes()[mode], workers, &bits, seed);
         let mut rng = Rng::new(seed);
         let mut guards: Vec<RouteGuard> = Vec::new();
         let mut queued: Vec<QueuedRoute> = Vec::new();
@@ -87,7 +83,7 @@ proptest! {
                         session_id: (rng.below(2) == 0).then(|| format!("s{}", rng.below(4))),
                         ..RoutingHints::default()
                     };
-                    if MODES[mode] == RouterMode::Direct {
+                    if modes()[mode] == RouterMode::Direct {
                         hints.backend_instance_id = Some(1 + rng.below(workers as usize) as u64);
                     }
                     let request = RouteRequest::new(format!("r{step}"), &tokens).with_hints(hints);
