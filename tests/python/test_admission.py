@@ -116,9 +116,9 @@ def test_admin_api_can_be_disabled():
 
 def test_queued_requests_leave_in_priority_order():
     # One worker; any prefill in flight fills it, so every later request parks until the
-    # previous one's first token. The blocker is admitted at once; the holder arrives during the
-    # blocker's (slow) decode pass and holds its prefill tokens until that pass ends, so the
-    # prioritised requests arriving next all park.
+    # previous one's first token. The blocker is admitted at once; the holder arrives once the
+    # blocker's first token is out, during its (slow) decode pass, and holds its prefill tokens
+    # until that pass ends, so the prioritised requests arriving next all park.
     mesh = start_up("up-queue", ["--speedup-ratio", "0.05", "--max-model-len", "8192",
                                  "--router-queue-threshold", "0.00001",
                                  "--router-queue-policy", "fcfs"], workers=1)
@@ -141,11 +141,19 @@ def test_queued_requests_leave_in_priority_order():
                         break
 
         threads = []
-        for name in ["blocker", "holder"]:
-            t = threading.Thread(target=stream, args=(name, None))
+        for name, length in [("blocker", 1000), ("holder", 3000)]:
+            t = threading.Thread(target=stream, args=(name, None, length))
             t.start()
             threads.append(t)
-            time.sleep(0.1)
+            if name == "blocker":
+                # The holder must arrive after the blocker's first token (its prefill is then done
+                # and the holder is admitted), not after a fixed delay a loaded machine can outrun.
+                deadline = time.monotonic() + 30
+                while "blocker" not in first_token_at and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                assert "blocker" in first_token_at
+            else:
+                time.sleep(0.05)
         for name, priority in [("p0", 0), ("p5", 5), ("p10", 10), ("p1", 1)]:
             t = threading.Thread(target=stream, args=(name, priority))
             t.start()
