@@ -42,7 +42,8 @@ impl BlockHasher {
         Self {
             block_size,
             seed,
-            bytes: Vec::with_capacity(block_size * 4),
+            // Block sizes can come from requests: reserve for a common block, grow past it.
+            bytes: Vec::with_capacity(block_size.min(1024) * 4),
         }
     }
 
@@ -123,6 +124,17 @@ mod tests {
                 16777012769546811212,
                 483935686894639516
             ]
+        );
+    }
+
+    #[test]
+    fn a_huge_block_size_hashes_nothing_and_reserves_little() {
+        assert!(compute_block_hashes(&[1, 2, 3], u32::MAX as usize, BASE_SEED).is_empty());
+        assert!(
+            BlockHasher::new(u32::MAX as usize, BASE_SEED)
+                .bytes
+                .capacity()
+                <= 4096
         );
     }
 

@@ -1,7 +1,38 @@
-//! Socket helpers shared by every gRPC server.
+//! Socket helpers shared by every gRPC server and client of the mesh.
+
+use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use tokio::net::{TcpListener, TcpStream};
+use tonic::transport::Endpoint;
+
+/// How often a connection to another mesh process is probed with an HTTP/2 PING.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// How long a PING may go unanswered before the connection (and every call on it) fails.
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The gRPC endpoint of another mesh process at `address` (`host:port` or a URI), with
+/// `TCP_NODELAY`, `connect_timeout`, and HTTP/2 keepalive: a peer that stops answering without
+/// closing its socket (frozen, partitioned) fails the streams open to it within
+/// [`KEEPALIVE_INTERVAL`] + [`KEEPALIVE_TIMEOUT`], so callers fail over instead of hanging until
+/// TCP gives up.
+pub fn mesh_endpoint(
+    address: &str,
+    connect_timeout: Duration,
+) -> Result<Endpoint, tonic::transport::Error> {
+    let uri = if address.contains("://") {
+        address.to_string()
+    } else {
+        format!("http://{address}")
+    };
+    Ok(Endpoint::from_shared(uri)?
+        .connect_timeout(connect_timeout)
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true))
+}
 
 /// Accepted connections of `listener` with `TCP_NODELAY` set.
 ///

@@ -87,15 +87,8 @@ pub fn connect_worker(
             .and_then(|table| table.get(address).cloned())
             .ok_or_else(|| tonic::Status::unavailable(format!("no embedded worker {address}")));
     }
-    let uri = if address.contains("://") {
-        address.to_string()
-    } else {
-        format!("http://{address}")
-    };
-    let mut endpoint = tonic::transport::Endpoint::from_shared(uri)
+    let mut endpoint = crate::net::mesh_endpoint(address, settings.connect_timeout)
         .map_err(|e| tonic::Status::invalid_argument(format!("worker address {address}: {e}")))?
-        .connect_timeout(settings.connect_timeout)
-        .tcp_nodelay(true)
         .http2_adaptive_window(settings.connection_window.is_none());
     if let Some(window) = settings.connection_window {
         endpoint = endpoint.initial_connection_window_size(window);

@@ -93,8 +93,7 @@ pub async fn load_from_peer(
 }
 
 async fn load_snapshot(address: &str, state: &Arc<ShardState>) -> anyhow::Result<u64> {
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{address}"))?
-        .connect_timeout(Duration::from_secs(3));
+    let endpoint = kvmesh_runtime::net::mesh_endpoint(address, Duration::from_secs(3))?;
     let mut client = GrpcIndexerClient::new(endpoint.connect().await?)
         .max_decoding_message_size(64 * 1024 * 1024);
     let status = client.status(StatusRequest {}).await?.into_inner();
@@ -130,7 +129,9 @@ async fn load_snapshot(address: &str, state: &Arc<ShardState>) -> anyhow::Result
     }
     let stream_seq = stream_seq.ok_or_else(|| anyhow::anyhow!("snapshot without a header"))?;
     for (model, dump) in dumps {
-        let index = state.model_or_insert(&model);
+        let index = state
+            .model_or_insert(&model)
+            .ok_or_else(|| anyhow::anyhow!("snapshot holds more models than a shard indexes"))?;
         tokio::task::spawn_blocking(move || index.load_dump(&dump))
             .await?
             .map_err(|e| anyhow::anyhow!("{e}"))?;

@@ -271,10 +271,8 @@ pub fn merge_answers(
 
 fn replica_of(record: &InstanceRecord) -> Option<Replica> {
     let layout = layout_of(record)?;
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", record.address))
-        .ok()?
-        .connect_timeout(Duration::from_secs(1))
-        .tcp_nodelay(true);
+    let endpoint =
+        kvmesh_runtime::net::mesh_endpoint(&record.address, Duration::from_secs(1)).ok()?;
     Some(Replica {
         instance_id: record.instance_id,
         layout,

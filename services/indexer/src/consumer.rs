@@ -150,18 +150,21 @@ fn apply(state: &ShardState, namespace: &str, message: StreamMessage, metrics: &
         state.set_applied_seq(seq);
         return;
     }
+    let Some(index) = state.model_or_insert(&model) else {
+        metrics.malformed.inc();
+        tracing::warn!(%model, seq, "kv events of one model too many for this shard, skipped");
+        state.set_applied_seq(seq);
+        return;
+    };
     if batch.worker_removed {
         // Worker ids are never reused: the worker leaves every model of this shard.
-        let index = state.model_or_insert(&model);
         for (_, other) in state.models() {
             if !Arc::ptr_eq(&other, &index) {
                 apply_batch(&other, KvEventBatch::worker_removed(batch.worker_id));
             }
         }
-        apply_batch(&index, batch);
-    } else {
-        apply_batch(&state.model_or_insert(&model), batch);
     }
+    apply_batch(&index, batch);
     state.set_applied_seq(seq);
 }
 

@@ -22,8 +22,8 @@ use crate::shard::{ShardLayout, ShardState};
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
 /// Starts an in-process index of `namespace` and returns its state, which answers
-/// [`ShardState::find_matches`] while it fills. Runs until `shutdown`; a consumer failure is
-/// logged and the index stops advancing (routing then sees ever staler overlap, never an error).
+/// [`ShardState::find_matches`] while it fills. Runs until `shutdown`; when the event stream
+/// fails, the index keeps answering and resumes consuming after the last sequence it applied.
 pub async fn start(
     events: Arc<dyn EventPlane>,
     discovery: Arc<dyn Discovery>,
@@ -49,26 +49,15 @@ pub async fn start(
         .collect();
     let state = Arc::new(ShardState::new(layout, lanes));
     let metrics = Arc::new(IndexerMetrics::new()?);
-    // Nobody asks this index for cuts; the sender is kept so the consumer's control channel
-    // stays open for as long as it runs.
-    let (control_tx, control_rx) = mpsc::channel(1);
     {
         let state = state.clone();
         let events = events.clone();
-        let namespace = namespace.to_string();
+        let config = ConsumerConfig {
+            namespace: namespace.to_string(),
+            filters,
+        };
         let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            let _control = control_tx;
-            let config = ConsumerConfig {
-                namespace: namespace.clone(),
-                filters,
-            };
-            if let Err(error) =
-                run_consumer(state, events, config, 1, control_rx, metrics, shutdown).await
-            {
-                tracing::error!(%namespace, %error, "embedded index stopped consuming kv events");
-            }
-        });
+        tokio::spawn(consume_forever(state, events, config, metrics, shutdown));
     }
     {
         let state = state.clone();
@@ -89,4 +78,49 @@ pub async fn start(
         });
     }
     Ok(state)
+}
+
+/// Longest wait between attempts to resume a failed event stream.
+const MAX_RESUME_BACKOFF: Duration = Duration::from_secs(5);
+
+/// Consumes the namespace's KV events until `shutdown`, resuming after the last applied sequence
+/// whenever the stream fails (a standalone replica exits instead and re-bootstraps; an embedded
+/// index has no peer to bootstrap from and must not stop advancing).
+async fn consume_forever(
+    state: Arc<ShardState>,
+    events: Arc<dyn EventPlane>,
+    config: ConsumerConfig,
+    metrics: Arc<IndexerMetrics>,
+    shutdown: CancellationToken,
+) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        // Nobody asks this index for cuts; the sender lives as long as the attempt so the
+        // consumer's control channel stays open.
+        let (control_tx, control_rx) = mpsc::channel(1);
+        let start_seq = state.applied_seq().saturating_add(1);
+        let result = run_consumer(
+            state.clone(),
+            events.clone(),
+            config.clone(),
+            start_seq,
+            control_rx,
+            metrics.clone(),
+            shutdown.clone(),
+        )
+        .await;
+        drop(control_tx);
+        let Err(error) = result else { return };
+        tracing::warn!(
+            namespace = %config.namespace,
+            %error,
+            resume_after = state.applied_seq(),
+            "embedded index lost the kv event stream; resuming"
+        );
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(MAX_RESUME_BACKOFF);
+    }
 }

@@ -54,6 +54,9 @@ pub struct ShardState {
     state: AtomicI32,
 }
 
+/// Most models one shard indexes; events of further models are skipped and counted.
+pub const MAX_MODELS_PER_SHARD: usize = 256;
+
 impl ShardState {
     /// An empty shard with `lanes` apply threads per model.
     pub fn new(layout: ShardLayout, lanes: usize) -> Self {
@@ -71,16 +74,22 @@ impl ShardState {
         self.models.load().get(model).cloned()
     }
 
-    /// The index of a model, created on first use. Only the consumer calls this.
-    pub fn model_or_insert(&self, model: &str) -> Arc<ConcurrentIndex> {
+    /// The index of a model, created on first use; `None` once the shard holds
+    /// [`MAX_MODELS_PER_SHARD`] models (model names come from event subjects, and each index
+    /// costs apply threads). Only the consumer and bootstrap call this.
+    pub fn model_or_insert(&self, model: &str) -> Option<Arc<ConcurrentIndex>> {
         if let Some(index) = self.model(model) {
-            return index;
+            return Some(index);
+        }
+        let current = self.models.load();
+        if current.len() >= MAX_MODELS_PER_SHARD {
+            return None;
         }
         let index = Arc::new(ConcurrentIndex::new(self.lanes));
-        let mut next = HashMap::clone(&self.models.load());
+        let mut next = HashMap::clone(&current);
         next.insert(model.to_string(), index.clone());
         self.models.store(Arc::new(next));
-        index
+        Some(index)
     }
 
     /// Every model and its index, sorted by name.

@@ -136,7 +136,7 @@ proptest! {
         for batch in &batches {
             for state in &states {
                 if state.layout.owns_worker(batch.worker_id) {
-                    state.model_or_insert(MODEL).apply(batch.clone()).expect("lane");
+                    state.model_or_insert(MODEL).expect("room").apply(batch.clone()).expect("lane");
                 }
             }
         }

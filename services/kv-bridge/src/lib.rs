@@ -41,6 +41,9 @@ use crate::source::{BatchProcessor, SourceConfig};
 /// How long shutdown waits for queued events to be published.
 const FLUSH_LIMIT: Duration = Duration::from_secs(5);
 
+/// Converted engine batches that may wait for the publisher before the readers stop reading.
+const PUBLISH_QUEUE: usize = 4096;
+
 /// How long a restarted bridge may spend finding the event ids it already published.
 const RESUME_LIMIT: Duration = Duration::from_secs(30);
 
@@ -141,7 +144,10 @@ pub async fn run_with(
         sockets.push(source::open_sub(config).await?);
     }
 
-    let (events_tx, events_rx) = mpsc::unbounded_channel();
+    // Bounded: while the event plane is down, the readers stop reading, the engines' sockets
+    // fill and drop at their high-water mark, and the gaps are replayed or counted on resume,
+    // instead of the bridge buffering without limit.
+    let (events_tx, events_rx) = mpsc::channel(PUBLISH_QUEUE);
     let abort = CancellationToken::new();
     let mut publisher = tokio::spawn(publish::run_publisher(
         PublishTarget {

@@ -45,7 +45,7 @@ pub struct PublishTarget {
 pub async fn run_publisher(
     target: PublishTarget,
     next_event_id: HashMap<u32, u64>,
-    mut events_rx: mpsc::UnboundedReceiver<RankEvents>,
+    mut events_rx: mpsc::Receiver<RankEvents>,
     metrics: BridgeMetrics,
     abort: CancellationToken,
 ) {
@@ -111,7 +111,7 @@ pub async fn resume_event_ids(
                     );
                 } else if let Some(event) = batch.events.last() {
                     let entry = next.entry(batch.dp_rank).or_insert(0);
-                    *entry = (*entry).max(event.event_id + 1);
+                    *entry = (*entry).max(event.event_id.saturating_add(1));
                 }
             }
             if message.sequence >= last {

@@ -172,7 +172,7 @@ pub async fn run_source(
     config: SourceConfig,
     mut socket: SubSocket,
     processor: BatchProcessor,
-    events_tx: mpsc::UnboundedSender<RankEvents>,
+    events_tx: mpsc::Sender<RankEvents>,
     shutdown: CancellationToken,
 ) {
     if !config.bind {
@@ -245,22 +245,33 @@ pub async fn run_source(
                     );
                 }
                 for payload in recovered {
-                    forward(&processor, &payload, &events_tx);
+                    if !forward(&processor, &payload, &events_tx, &shutdown).await {
+                        return;
+                    }
                 }
             }
         }
-        forward(&processor, &frames.payload, &events_tx);
+        if !forward(&processor, &frames.payload, &events_tx, &shutdown).await {
+            return;
+        }
     }
 }
 
-fn forward(
+/// Converts one batch and hands it to the publisher, waiting while its queue is full (the event
+/// plane is down). Returns false at shutdown or when the publisher is gone (also only at
+/// shutdown, when losing the tail is expected).
+async fn forward(
     processor: &BatchProcessor,
     payload: &[u8],
-    events_tx: &mpsc::UnboundedSender<RankEvents>,
-) {
-    if let Some(events) = processor.process(payload) {
-        // The publisher only goes away at shutdown, when losing the tail is expected.
-        let _ = events_tx.send(events);
+    events_tx: &mpsc::Sender<RankEvents>,
+    shutdown: &CancellationToken,
+) -> bool {
+    let Some(events) = processor.process(payload) else {
+        return true;
+    };
+    tokio::select! {
+        _ = shutdown.cancelled() => false,
+        sent = events_tx.send(events) => sent.is_ok(),
     }
 }
 

@@ -23,7 +23,9 @@ const SHARED_PREFIX: u64 = 32;
 /// Runs the benchmark and prints its figures.
 pub async fn run(args: IndexerServiceBench) -> anyhow::Result<()> {
     let state = Arc::new(ShardState::new(ShardLayout::striped(0, 1, 16), 2));
-    let index = state.model_or_insert("bench");
+    let index = state
+        .model_or_insert("bench")
+        .ok_or_else(|| anyhow::anyhow!("no room for the bench model"))?;
     let chains_per_worker = (args.blocks_per_worker / CHAIN).max(1);
     for worker in 0..args.workers {
         for chain in 0..chains_per_worker {
