@@ -98,7 +98,8 @@ def test_busy_threshold_endpoint_changes_admission_at_run_time(busy_mesh):
     for bad, status in [({"model": "nope", "active_prefill_tokens_threshold": 1}, 404),
                         ({"active_prefill_tokens_threshold": 1}, 400),
                         ({"model": "tiny", "active_prefill_tokens_threshold": -1}, 400),
-                        ({"model": "tiny", "active_decode_blocks_threshold": "x"}, 400)]:
+                        ({"model": "tiny", "active_decode_blocks_threshold": "x"}, 400),
+                        ({"model": "tiny", "active_decode_blocks_threshold": 1.5}, 400)]:
         r = requests.post(f"{busy_mesh.base_url}/busy_threshold", json=bad, timeout=5)
         assert r.status_code == status, (bad, r.text)
         assert "error" in r.json()

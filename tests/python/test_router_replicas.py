@@ -1,6 +1,7 @@
 """Three `kvmesh-router` replicas with replica sync behind a frontend, with real etcd, NATS,
 indexer and mocker processes: requests sharing a prefix land on the worker that caches it, the
 replicas see each other's load, and killing a replica fails no request."""
+import queue
 import random
 import threading
 import time
@@ -232,6 +233,121 @@ def test_router_addresses_replace_discovery(replicas_mesh):
     finally:
         dead.kill()
         live.kill()
+
+
+@pytest.fixture(scope="module")
+def queue_mesh():
+    """One slow mocker behind one replica whose queue parks every request while another's
+    prefill is in flight, and a frontend routing through that replica."""
+    namespace = f"q{uuid.uuid4().hex[:10]}"
+    env = {"DYN_DISCOVERY_BACKEND": "etcd", "ETCD_ENDPOINTS": require_env("ETCD_ENDPOINTS"),
+           "NATS_SERVER": require_env("NATS_SERVER"), "DYN_NAMESPACE": namespace}
+    mocker = Proc("q-mocker", ["kvmesh-mocker", "--model-path", str(TINY_MODEL), "--model-name", "tiny",
+                               "--endpoint", f"dyn://{namespace}.backend.generate", "--speedup-ratio", "0.02",
+                               "--max-model-len", "8192", "--block-size", str(BLOCK),
+                               "--tcp-rpc-port", str(free_port())], env)
+    port, metrics_port, http_port = free_port(), free_port(), free_port()
+    router = Proc("q-router", ["kvmesh-router", "--router-mode", "kv", "--router-queue-threshold", "0.00001",
+                               "--tcp-rpc-port", str(port), "--metrics-port", str(metrics_port)], env)
+    frontend = Proc("q-frontend", ["kvmesh-frontend", "--http-host", "127.0.0.1", "--http-port", str(http_port),
+                                   "--use-remote-router", "on"], env)
+    procs = [mocker, router, frontend]
+    mesh = Mesh(f"http://127.0.0.1:{http_port}", procs, namespace)
+    mesh.router_addr = f"127.0.0.1:{port}"
+    mesh.router_metrics = f"http://127.0.0.1:{metrics_port}/metrics"
+    try:
+        wait_ready(mesh.base_url, "tiny", 1, procs)
+        wait_until(lambda: route_on(mesh.router_addr, [1, 2, 3], allow=None, free=True)[0] > 0,
+                   what="router serving tiny")
+        yield mesh
+    except BaseException:
+        for p in procs:
+            print(f"--- {p.name} ---\n{p.output()[-4000:]}")
+        raise
+    finally:
+        mesh.stop()
+
+
+def test_abandoned_queued_route_leaves_the_queue(queue_mesh):
+    """A client that stops waiting for a queued decision says so with a terminal report on its
+    RouteStream: the replica takes the request out of its queue instead of routing it later."""
+    url = queue_mesh.router_metrics
+    pb = proto_stubs()
+    router_pb2 = pb["router_pb2"]
+    client = pb["router_pb2_grpc"].RouterStub(grpc.insecure_channel(queue_mesh.router_addr))
+    outgoing = queue.Queue()
+    stream = client.RouteStream(iter(outgoing.get, None), timeout=30)
+
+    def route(request_id):
+        outgoing.put(router_pb2.RouteStreamRequest(route=router_pb2.RouteRequest(
+            model="tiny", request_id=request_id, token_ids=[7] * (4 * BLOCK))))
+
+    def end(request_id, path):
+        outgoing.put(router_pb2.RouteStreamRequest(report=router_pb2.ReportRequest(
+            model="tiny", request_id=request_id, terminal=path)))
+
+    route("holder")  # its prefill fills the only worker until it is reported
+    first = next(stream)
+    assert first.request_id == "holder" and first.HasField("decision")
+    route("waiter")
+    wait_until(lambda: metric(url, 'kvmesh_router_queue_pending_requests{model="tiny"}') == 1,
+               what="waiter parked")
+    end("waiter", router_pb2.TERMINAL_PATH_DISCONNECTED)
+    wait_until(lambda: metric(url, 'kvmesh_router_queue_pending_requests{model="tiny"}') == 0,
+               what="waiter out of the queue while the holder still runs")
+    end("holder", router_pb2.TERMINAL_PATH_COMPLETED)
+    wait_until(lambda: metric(url, 'kvmesh_router_tracked_requests{model="tiny"}') == 0, what="nothing tracked")
+    # The waiter was never routed: no answer for it ever comes.
+    outgoing.put(None)
+    assert [answer.request_id for answer in stream] == []
+    # A model name nobody serves is counted under one label, not as a new series.
+    with pytest.raises(grpc.RpcError):
+        client.Route(router_pb2.RouteRequest(model="no-such-model", request_id="x", token_ids=[1]), timeout=5)
+    text = requests.get(url, timeout=5).text
+    assert 'model="no-such-model"' not in text
+    assert 'kvmesh_router_decisions_total{model="unknown",outcome="unknown_model"} 1' in text
+
+
+def test_http_client_gone_while_queued_leaves_no_load(queue_mesh):
+    """Through the frontend: a client that disconnects while its request is parked on a remote
+    replica takes it out of the queue, so nothing stays tracked once the others end."""
+    url = queue_mesh.router_metrics
+    rng = random.Random(11)
+    done = {}
+
+    def gauge(name):
+        return metric(url, f'{name}{{model="tiny"}}')
+
+    def post(name, length, timeout=60):
+        try:
+            r = requests.post(f"{queue_mesh.base_url}/v1/completions", timeout=timeout, json={
+                "model": "tiny", "prompt": [rng.randrange(10, 2900) for _ in range(length)], "max_tokens": 2})
+            done[name] = r.status_code
+        except requests.exceptions.ReadTimeout:
+            done[name] = "gave up"
+
+    first_tokens = metric(url, 'kvmesh_router_reports_total{kind="first_token",model="tiny"}') or 0
+    # The mock engine emits a pass's tokens, then sleeps for the pass: after the blocker's first
+    # token (reported to the replica) its 4000-token prefill pass keeps the engine asleep for
+    # seconds, and the holder, arriving meanwhile, keeps its prefill in flight (the worker full).
+    threads = [threading.Thread(target=post, args=("blocker", 4000))]
+    threads[0].start()
+    wait_until(lambda: metric(url, 'kvmesh_router_reports_total{kind="first_token",model="tiny"}') == first_tokens + 1,
+               what="the blocker's first token")
+    threads.append(threading.Thread(target=post, args=("holder", 64)))
+    threads[1].start()
+    wait_until(lambda: gauge("kvmesh_router_tracked_requests") == 2, what="holder routed")
+    threads.append(threading.Thread(target=post, args=("waiter", 64, 1.5)))
+    threads[2].start()
+    wait_until(lambda: gauge("kvmesh_router_queue_pending_requests") == 1, what="waiter parked")
+    threads[2].join()
+    assert done["waiter"] == "gave up"
+    assert "holder" not in done, "the holder finished before the waiter gave up: the engine is too fast"
+    wait_until(lambda: gauge("kvmesh_router_queue_pending_requests") == 0, what="the waiter out of the queue")
+    for thread in threads:
+        thread.join()
+    assert done["blocker"] == 200 and done["holder"] == 200
+    wait_until(lambda: gauge("kvmesh_router_tracked_requests") == 0, what="nothing tracked", timeout=10)
 
 
 def test_killing_a_replica_fails_no_request(replicas_mesh):

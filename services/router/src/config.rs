@@ -81,6 +81,24 @@ pub struct BusyThresholds {
 }
 
 impl BusyThresholds {
+    /// Checks ranges, naming the flag: the decode threshold is a fraction in [0, 1], the
+    /// prefill fraction finite and non-negative. Applies to flags and to run-time changes alike.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(threshold) = self.active_decode_blocks_threshold {
+            unit_interval(
+                "--active-decode-blocks-threshold (DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD)",
+                threshold,
+            )?;
+        }
+        if let Some(frac) = self.active_prefill_tokens_threshold_frac {
+            finite_non_negative(
+                "--active-prefill-tokens-threshold-frac (DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC)",
+                frac,
+            )?;
+        }
+        Ok(())
+    }
+
     /// Whether any check is on (the busy filter is skipped entirely otherwise).
     pub fn is_any_set(&self) -> bool {
         self.active_decode_blocks_threshold.is_some()
@@ -318,18 +336,7 @@ impl RouterConfig {
                 "--router-event-threads (DYN_ROUTER_EVENT_THREADS): must be >= 1".into(),
             ));
         }
-        if let Some(threshold) = self.busy.active_decode_blocks_threshold {
-            unit_interval(
-                "--active-decode-blocks-threshold (DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD)",
-                threshold,
-            )?;
-        }
-        if let Some(frac) = self.busy.active_prefill_tokens_threshold_frac {
-            finite_non_negative(
-                "--active-prefill-tokens-threshold-frac (DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC)",
-                frac,
-            )?;
-        }
+        self.busy.validate()?;
         if let Some(threshold) = self.queue_threshold {
             finite_non_negative(
                 "--router-queue-threshold (DYN_ROUTER_QUEUE_THRESHOLD)",

@@ -251,7 +251,10 @@ impl RouterCore {
 
     /// Records load a rank published and re-evaluates its busy state.
     pub fn update_load(&mut self, load: WorkerLoad, now: Duration) {
-        if !self.workers.contains_key(&load.worker.worker_id) {
+        let Some(info) = self.workers.get(&load.worker.worker_id) else {
+            return;
+        };
+        if !info.ranks().contains(&load.worker.dp_rank) {
             return;
         }
         self.loads.insert(load.worker, load);

@@ -36,6 +36,14 @@ pub enum RouteError {
     /// No remote router replica answered.
     #[error("no router replica is reachable: {0}")]
     Unreachable(String),
+    /// The chosen worker refused or failed the request (`Generate`); its status kind is kept.
+    #[error("worker: {message}")]
+    Worker {
+        /// The kind of the worker's status.
+        code: ErrorCode,
+        /// The worker's message.
+        message: String,
+    },
 }
 
 impl RouteError {
@@ -57,6 +65,7 @@ impl RouteError {
             RouteError::Overloaded => ErrorCode::Overloaded,
             RouteError::BadRequest(_) => ErrorCode::InvalidArgument,
             RouteError::Cancelled => ErrorCode::Cancelled,
+            RouteError::Worker { code, .. } => *code,
         }
     }
 

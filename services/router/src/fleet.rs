@@ -18,7 +18,7 @@ use prost::Message as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::shared::SharedRouter;
-use crate::worker::{RuntimeConfig, WorkerInfo, WorkerLoad};
+use crate::worker::{MAX_DATA_PARALLEL_RANKS, RuntimeConfig, WorkerInfo, WorkerLoad};
 
 /// Which namespaces a process serves (`--namespace`, `--namespace-prefix`).
 #[derive(Debug, Clone, Default)]
@@ -112,6 +112,15 @@ pub fn worker_info(instance: &InstanceRecord, card: Option<&ModelCard>) -> Worke
             data_parallel_start_rank: rc.data_parallel_start_rank,
             data_parallel_size: rc.data_parallel_size,
         });
+    if let Some(rc) = &runtime
+        && rc.data_parallel_size > MAX_DATA_PARALLEL_RANKS
+    {
+        tracing::warn!(
+            worker_id = %format!("{:x}", instance.instance_id),
+            data_parallel_size = rc.data_parallel_size,
+            "worker card advertises more data-parallel ranks than the router serves; using {MAX_DATA_PARALLEL_RANKS}"
+        );
+    }
     WorkerInfo {
         worker_id: instance.instance_id,
         device_type: if instance.device_type.is_empty() {

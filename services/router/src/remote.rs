@@ -16,7 +16,7 @@ use kvmesh_proto::v1 as pb;
 use kvmesh_proto::v1::router_client::RouterClient;
 use kvmesh_runtime::discovery::Discovery;
 use kvmesh_runtime::discovery::instances::InstanceList;
-use kvmesh_runtime::names;
+use kvmesh_runtime::{names, net};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
@@ -71,13 +71,22 @@ impl RouteChannel {
 
     async fn route(&self, request: pb::RouteRequest) -> RouteAnswer {
         let (reply, answer) = oneshot::channel();
+        let mut abandon = AbandonOnDrop {
+            tx: &self.tx,
+            model: request.model.clone(),
+            request_id: request.request_id.clone(),
+            is_armed: false,
+        };
         self.tx
             .send(Outgoing::Route(Box::new(request), reply))
             .await
             .map_err(|_| tonic::Status::unavailable("route stream closed"))?;
-        answer
+        abandon.is_armed = true;
+        let result = answer
             .await
-            .unwrap_or_else(|_| Err(tonic::Status::unavailable("route stream closed")))
+            .unwrap_or_else(|_| Err(tonic::Status::unavailable("route stream closed")));
+        abandon.is_armed = false;
+        result
     }
 
     /// Sends a report over the stream when it is healthy; gives it back otherwise.
@@ -93,6 +102,32 @@ impl RouteChannel {
                 Outgoing::Route(..) => Ok(()),
             },
         }
+    }
+}
+
+/// Tells the replica that a caller stopped waiting for its decision (the client went away while
+/// the request queued): the replica takes the request out of its queue, or frees it when the
+/// decision was already made, instead of holding its load until expiry.
+struct AbandonOnDrop<'a> {
+    tx: &'a mpsc::Sender<Outgoing>,
+    model: String,
+    request_id: String,
+    is_armed: bool,
+}
+
+impl Drop for AbandonOnDrop<'_> {
+    fn drop(&mut self) {
+        if !self.is_armed {
+            return;
+        }
+        let report = pb::ReportRequest {
+            model: std::mem::take(&mut self.model),
+            request_id: std::mem::take(&mut self.request_id),
+            terminal: pb::TerminalPath::Disconnected as i32,
+            ..Default::default()
+        };
+        // Best effort: a full or closed stream leaves the request to expiry.
+        let _ = self.tx.try_send(Outgoing::Report(report));
     }
 }
 
@@ -372,15 +407,8 @@ impl RemoteRouters {
 }
 
 fn replica_of(record: &pb::InstanceRecord, timeout: Duration) -> Option<Replica> {
-    let uri = if record.address.contains("://") {
-        record.address.clone()
-    } else {
-        format!("http://{}", record.address)
-    };
-    let channel = tonic::transport::Endpoint::from_shared(uri)
+    let channel = net::mesh_endpoint(&record.address, timeout)
         .ok()?
-        .connect_timeout(timeout)
-        .tcp_nodelay(true)
         .connect_lazy();
     let client = RouterClient::new(channel);
     Some(Replica {

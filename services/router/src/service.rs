@@ -4,7 +4,7 @@
 //! callers talk to the worker themselves.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -220,6 +220,17 @@ impl RouterService {
         Self { table, metrics }
     }
 
+    /// Counts a decision under its model's name, or `unknown` for a name this replica does not
+    /// serve: names come from requests, and only served models may become metric series.
+    fn observe_decision<T>(&self, model: &str, result: &Result<T, RouteError>, elapsed: Duration) {
+        let label = if self.table.load().contains_key(model) {
+            model
+        } else {
+            "unknown"
+        };
+        self.metrics.observe_decision(label, result, elapsed);
+    }
+
     fn model(&self, name: &str) -> Result<Arc<RoutedModel>, RouteError> {
         self.table
             .load()
@@ -275,21 +286,48 @@ impl Router for RouterService {
             // Decisions run concurrently (one may wait in the queue); each answer goes out as
             // soon as it is made. When the caller goes away (its answer stream is dropped),
             // decisions still waiting in the queue leave it; one already made is left to expiry,
-            // like a lost unary answer.
+            // like a lost unary answer. A terminal report for a request still being decided
+            // (its client gave up while it queued) takes it out of the queue, or frees it if the
+            // decision lands meanwhile.
+            let deciding: Arc<Mutex<HashMap<String, (u64, CancellationToken)>>> = Arc::default();
+            let mut next_route = 0u64;
             while let Some(message) = incoming.next().await {
                 let Ok(message) = message else { break };
                 match message.kind {
                     Some(pb::route_stream_request::Kind::Route(route)) => {
                         let service = service.clone();
                         let tx = tx.clone();
+                        let abandoned = CancellationToken::new();
+                        let seq = next_route;
+                        next_route += 1;
+                        lock(&deciding).insert(route.request_id.clone(), (seq, abandoned.clone()));
+                        let deciding = deciding.clone();
                         tokio::spawn(async move {
                             let request_id = route.request_id.clone();
+                            let model = route.model.clone();
                             // The answer stream closes when the caller goes away (not when it
                             // merely stops sending).
                             let decided = tokio::select! {
-                                _ = tx.closed() => return,
-                                decided = service.decide(route) => decided,
+                                _ = tx.closed() => None,
+                                _ = abandoned.cancelled() => None,
+                                decided = service.decide(route) => Some(decided),
                             };
+                            {
+                                let mut deciding = lock(&deciding);
+                                if deciding.get(&request_id).is_some_and(|(s, _)| *s == seq) {
+                                    deciding.remove(&request_id);
+                                }
+                            }
+                            let Some(decided) = decided else { return };
+                            if abandoned.is_cancelled() && decided.is_ok() {
+                                let _ = service.apply_report(pb::ReportRequest {
+                                    model,
+                                    request_id,
+                                    terminal: pb::TerminalPath::Disconnected as i32,
+                                    ..Default::default()
+                                });
+                                return;
+                            }
                             let result = match decided {
                                 Ok(decision) => {
                                     pb::route_stream_response::Result::Decision(decision)
@@ -310,6 +348,11 @@ impl Router for RouterService {
                         });
                     }
                     Some(pb::route_stream_request::Kind::Report(report)) => {
+                        if report.terminal != 0
+                            && let Some((_, abandoned)) = lock(&deciding).get(&report.request_id)
+                        {
+                            abandoned.cancel();
+                        }
                         if let Err(status) = service.apply_report(report) {
                             tracing::debug!(%status, "streamed report refused");
                         }
@@ -338,8 +381,7 @@ impl Router for RouterService {
         let model = generate.model.clone();
         let begin = Instant::now();
         let started = self.start_generate(generate, &routed).await;
-        self.metrics
-            .observe_decision(&model, &started, begin.elapsed());
+        self.observe_decision(&model, &started, begin.elapsed());
         let (guard, stream) = started.map_err(|error| error.to_status())?;
         Ok(Response::new(proxy(guard, stream).boxed()))
     }
@@ -379,6 +421,9 @@ impl Router for RouterService {
         };
         let model = self.model(&thresholds.model).map_err(|e| e.to_status())?;
         let value = wire::thresholds_from_proto(&thresholds);
+        value
+            .validate()
+            .map_err(|error| RouteError::BadRequest(error.to_string()).to_status())?;
         model.router.set_busy_thresholds(value);
         Ok(Response::new(pb::SetBusyThresholdsResponse {
             thresholds: Some(wire::thresholds_to_proto(&model.name, &value)),
@@ -418,8 +463,7 @@ impl RouterService {
             ))
         }
         .await;
-        self.metrics
-            .observe_decision(&request.model, &result, started.elapsed());
+        self.observe_decision(&request.model, &result, started.elapsed());
         result
     }
 
@@ -530,7 +574,10 @@ impl RouterService {
                 }
                 Err(status) => {
                     guard.finish(TerminalPath::Error);
-                    return Err(RouteError::BadRequest(status.message().to_string()));
+                    return Err(RouteError::Worker {
+                        code: kvmesh_runtime::ErrorCode::from_grpc(status.code()),
+                        message: status.message().to_string(),
+                    });
                 }
             }
         }
@@ -585,4 +632,10 @@ fn proxy(
             guard.finish(TerminalPath::Error);
         }
     }
+}
+
+/// Locks a map that only plain inserts and removes touch: a panic elsewhere cannot leave it
+/// half-updated, so a poisoned lock is still usable.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -19,6 +19,10 @@ use kvmesh_kv::WorkerKey;
 
 use crate::rng::Rng;
 
+/// Longest sequence (prompt + generated tokens) whose output blocks are tracked. Token counts
+/// arrive in callers' reports; past any real context length they only cost memory.
+const MAX_TRACKED_SEQUENCE_TOKENS: u64 = 1 << 22;
+
 /// (router id, request id): requests of replicas are tracked next to our own.
 pub(crate) type ReqKey = (Arc<str>, String);
 
@@ -148,7 +152,7 @@ impl Tracker {
         self.free(&key);
         let rank = self.ranks.entry(add.worker).or_default();
         rank.num_requests += 1;
-        rank.prefill_tokens += add.prefill_tokens;
+        rank.prefill_tokens = rank.prefill_tokens.saturating_add(add.prefill_tokens);
         for &hash in &add.hashes {
             *rank.refs.entry(hash).or_insert(0) += 1;
         }
@@ -188,7 +192,7 @@ impl Tracker {
         true
     }
 
-    /// Records `num_tokens` more generated tokens; with output tracking, adds one placeholder
+    /// Records `num_tokens` more generated tokens (counts come from callers' reports); with output tracking, adds one placeholder
     /// block each time `ceil((ISL + generated) / B)` grows.
     pub fn add_output_tokens(
         &mut self,
@@ -206,8 +210,11 @@ impl Tracker {
             return;
         }
         let block = u64::from(block_size.max(1));
-        let wanted =
-            (request.isl + request.generated).div_ceil(block) - request.isl.div_ceil(block);
+        let tracked = request
+            .isl
+            .saturating_add(request.generated)
+            .min(request.isl.max(MAX_TRACKED_SEQUENCE_TOKENS));
+        let wanted = tracked.div_ceil(block) - request.isl.div_ceil(block);
         let Some(rank) = self.ranks.get_mut(&request.worker) else {
             return;
         };

@@ -86,6 +86,19 @@ fn output_blocks_grow_with_generation() {
 }
 
 #[test]
+fn reported_output_beyond_any_context_is_bounded() {
+    let mut rng = Rng::new(1);
+    let mut t = Tracker::default();
+    t.add(key("a"), add(W, vec![1, 2, 3, 4], 0, None, 0));
+    t.add_output_tokens(&key("a"), u64::MAX, 16, true, &mut rng);
+    t.add_output_tokens(&key("a"), u64::MAX, 16, true, &mut rng);
+    // 4 prompt blocks and placeholders up to the cap, in 16-token blocks.
+    assert_eq!(t.active_blocks(W), MAX_TRACKED_SEQUENCE_TOKENS / 16);
+    t.free(&key("a"));
+    assert_eq!(t.active_blocks(W), 0);
+}
+
+#[test]
 fn exclusive_blocks_decay_with_expected_output() {
     let mut rng = Rng::new(1);
     let mut t = Tracker::default();

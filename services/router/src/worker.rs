@@ -20,11 +20,16 @@ pub struct RuntimeConfig {
     pub data_parallel_size: u32,
 }
 
+/// Most data-parallel ranks one worker is taken to serve. Cards come from discovery, and every
+/// rank costs a candidate per decision and state per rank; no engine runs more.
+pub const MAX_DATA_PARALLEL_RANKS: u32 = 1024;
+
 impl RuntimeConfig {
-    /// The ranks this worker serves, `[start, start + max(size, 1))`.
+    /// The ranks this worker serves, `[start, start + size)` with the size clamped to
+    /// `1..=MAX_DATA_PARALLEL_RANKS` (0 is read as 1).
     pub fn ranks(&self) -> std::ops::Range<u32> {
         let start = self.data_parallel_start_rank;
-        start..start.saturating_add(self.data_parallel_size.max(1))
+        start..start.saturating_add(self.data_parallel_size.clamp(1, MAX_DATA_PARALLEL_RANKS))
     }
 }
 

@@ -308,3 +308,45 @@ fn session_control_binds_without_the_flag_and_direct_mode_ignores_sessions() {
     }
     assert_eq!(direct.num_sessions(), 0);
 }
+
+#[test]
+fn client_set_session_bindings_are_bounded() {
+    let mut core = core(&[], &[1, 2]);
+    let tokens = [1];
+    // A client asking for an endless binding gets one that still expires (after a day).
+    let endless = RoutingHints {
+        session_id: Some("s".into()),
+        session_bind_ttl: Some(Duration::from_secs(u64::MAX)),
+        ..RoutingHints::default()
+    };
+    routed(core.route(&RouteRequest::new("a", &tokens).with_hints(endless), s(0)));
+    core.free("a", TerminalPath::Completed, s(1));
+    core.tick(s(1000));
+    assert_eq!(core.num_sessions(), 1);
+    core.tick(s(1 + 24 * 60 * 60));
+    assert_eq!(core.num_sessions(), 0);
+
+    // An oversized session id is the caller's error, not a new map entry.
+    let oversized = RoutingHints {
+        session_id: Some("x".repeat(257)),
+        session_bind_ttl: Some(Duration::from_secs(60)),
+        ..RoutingHints::default()
+    };
+    let outcome = core.route(&RouteRequest::new("b", &tokens).with_hints(oversized), s(2));
+    assert!(
+        matches!(outcome, Err(RouteError::BadRequest(_))),
+        "{outcome:?}"
+    );
+    assert_eq!(core.num_sessions(), 0);
+}
+
+#[test]
+fn a_reused_request_id_releases_the_session_of_the_request_it_replaces() {
+    let mut core = core(&["--router-session-affinity-ttl-secs", "10"], &[1, 2]);
+    route_session(&mut core, "a", "s", 0).unwrap();
+    route_session(&mut core, "a", "s", 1).unwrap(); // a retry under the same id
+    assert!(core.free("a", TerminalPath::Completed, s(2)));
+    assert!(!core.free("a", TerminalPath::Completed, s(2)));
+    core.tick(s(200)); // idle since 2 with TTL 10 s, and a sweep is due
+    assert_eq!(core.num_sessions(), 0);
+}

@@ -71,6 +71,9 @@ async fn set(
     if let Some(update) = fraction(&request, "active_prefill_tokens_threshold_frac")? {
         value.active_prefill_tokens_threshold_frac = update;
     }
+    value
+        .validate()
+        .map_err(|error| FrontendError::invalid(error.to_string(), None))?;
     entry.router.set_busy_thresholds(value);
     if let Some(remote) = entry.active_remote() {
         let updated = remote.set_busy_thresholds(&entry.name, &value).await;

@@ -13,6 +13,14 @@ use crate::error::RouteError;
 use crate::queue::{Parked, policy_key};
 use crate::request::{Dispatched, RouteOutcome, RouteRequest, Ticket};
 
+/// Longest session id a request may carry: bindings are kept per id and replicated to every
+/// router replica.
+pub(crate) const MAX_SESSION_ID_BYTES: usize = 256;
+
+/// Longest idle TTL a request may ask for its own session binding (a day): bindings are swept
+/// only after their TTL, so an unbounded one set by a client would never be freed.
+pub(crate) const MAX_SESSION_BIND_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// Where a request may go, after pins and session bindings.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Plan {
@@ -179,7 +187,17 @@ impl RouterCore {
         let Some(id) = hints.session_id.as_deref().filter(|id| !id.is_empty()) else {
             return Ok(plan);
         };
-        let Some(ttl) = hints.session_bind_ttl.or(self.config.session_affinity_ttl) else {
+        if id.len() > MAX_SESSION_ID_BYTES {
+            return Err(RouteError::BadRequest(format!(
+                "session id is {} bytes; at most {MAX_SESSION_ID_BYTES} are allowed",
+                id.len()
+            )));
+        }
+        let Some(ttl) = hints
+            .session_bind_ttl
+            .map(|ttl| ttl.min(MAX_SESSION_BIND_TTL))
+            .or(self.config.session_affinity_ttl)
+        else {
             return Ok(plan);
         };
         let mode = self.config.session_affinity_mode;

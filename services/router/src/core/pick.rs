@@ -10,7 +10,7 @@ use crate::config::RouterMode;
 use crate::core::PreparedRequest;
 use crate::cost::{CandidateLoad, EffectiveKv, RequestShape, kv_cost};
 use crate::modes;
-use crate::request::Decision;
+use crate::request::{Decision, TerminalPath};
 use crate::select::select_index;
 use crate::sync::SyncKind;
 use crate::tracker::TrackAdd;
@@ -179,11 +179,17 @@ impl RouterCore {
                 );
             }
         }
+        let key = self.key(&prepared.request_id);
+        if let Some(previous) = self.tracker.free(&key) {
+            // A caller reused a request id (a retry after a lost answer): the earlier request is
+            // replaced, and what it held (its session reference included) goes with it.
+            self.release_session(&key, &previous, TerminalPath::Cancelled, now);
+            self.emit(&key, previous.worker, SyncKind::Free);
+        }
         let session = plan.session.as_ref().map(|s| {
             self.sessions.acquire(&s.id, chosen, s.mode, s.ttl, now);
             s.id.clone()
         });
-        let key = self.key(&prepared.request_id);
         self.emit(
             &key,
             chosen,
