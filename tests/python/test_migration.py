@@ -3,6 +3,7 @@ mid-stream does not fail the client's stream when --migration-limit allows movin
 the stream continues on the other worker with the right token count, and the migration is
 counted. Without migration the same failure reaches the client as an error."""
 import json
+import signal
 import time
 
 import grpc
@@ -22,9 +23,9 @@ def running_on(mesh):
     return counts
 
 
-def stream_and_kill(mesh, max_tokens=120):
-    """Streams a completion, SIGKILLs the worker serving it after some tokens; returns the
-    parsed events (data objects, or an error) and the number of tokens seen before the kill."""
+def stream_and_kill(mesh, max_tokens=120, sig=signal.SIGKILL):
+    """Streams a completion, kills the worker serving it with `sig` after some tokens; returns
+    the parsed events (data objects, or an error) and the number of tokens seen before the kill."""
     events = []
     killed_after = None
     with requests.post(f"{mesh.base_url}/v1/completions", stream=True, timeout=60, json={
@@ -39,7 +40,7 @@ def stream_and_kill(mesh, max_tokens=120):
                 counts = running_on(mesh)
                 assert sorted(counts) == [0, 1], counts
                 victim = mesh.procs[1 + counts.index(1)]  # procs: frontend, mocker0, mocker1
-                victim.kill()
+                victim.kill(sig)
                 killed_after = len(events)
     return events, killed_after
 
@@ -73,6 +74,26 @@ def test_stream_survives_a_killed_worker(migrating_mesh):
     r = requests.post(f"{migrating_mesh.base_url}/v1/completions", timeout=30,
                       json={"model": "tiny", "prompt": "again", "max_tokens": 3})
     assert r.status_code == 200
+
+
+@pytest.fixture
+def impatient_mesh():
+    # Workers that stop without waiting for their running requests: they end them CANCELLED.
+    mesh = start_distributed("etcd", {"DYN_MIGRATION_LIMIT": "3", "DYN_HTTP_GRACEFUL_SHUTDOWN_TIMEOUT_SECS": "0"},
+                             mocker_args=("--decode-speedup-ratio", "0.05"))
+    yield mesh
+    mesh.stop()
+
+
+def test_stream_survives_a_worker_that_gives_up_its_requests(impatient_mesh):
+    """A worker shutting down ends its requests with a CANCELLED finish: that is a failure to
+    migrate from, not the end of the answer."""
+    events, killed_after = stream_and_kill(impatient_mesh, sig=signal.SIGTERM)
+    assert killed_after == 10
+    assert not any("error" in e for e in events), [e for e in events if "error" in e]
+    finals = [e for e in events if e.get("choices") and e["choices"][0].get("finish_reason")]
+    assert finals and finals[-1]["choices"][0]["finish_reason"] == "length"
+    assert [e["usage"] for e in events if e.get("usage")][-1]["completion_tokens"] == 120
 
 
 def test_without_migration_the_client_sees_the_failure(plain_mesh):

@@ -140,6 +140,14 @@ def test_bad_input_gets_openai_errors_and_server_keeps_serving(kvmesh_up):
     assert post(m, "/v1/chat/completions", json.dumps({**body, "model": "nope"})).json()["error"]["code"] == \
         "model_not_found"
     assert_openai_error(post(m, "/v1/completions", json.dumps({"model": "tiny", "prompt": 5})), 400, "prompt")
+    assert_openai_error(post(m, "/v1/completions", json.dumps({"model": "tiny", "prompt": [1, 4294967295]})), 400,
+                        "vocabulary")
+    assert_openai_error(post(m, "/v1/chat/completions", json.dumps({**body, "stop": "x" * 2000})), 400, "stop")
+    assert_openai_error(post(m, "/v1/chat/completions", json.dumps({**body, "stop_token_ids": list(range(300))})),
+                        400, "stop_token_ids")
+    wrong_method = requests.get(f"{m.base_url}/v1/chat/completions", timeout=10)
+    assert_openai_error(wrong_method, 405, "GET")
+    assert "POST" in wrong_method.headers.get("allow", "")
     assert_openai_error(post(m, "/v1/chat/completions", json.dumps({**body, "max_tokens": 10_000_000})), 400,
                         "context")
     big = json.dumps({**body, "padding": "x" * (2 * 1024 * 1024)})

@@ -115,6 +115,11 @@ fn validation_names_the_field() {
         (json!({"top_p": 0.0}), "top_p"),
         (json!({"top_p": 1.5}), "top_p"),
         (json!({"stop": ["a", "b", "c", "d", "e"]}), "stop"),
+        (json!({"stop": "x".repeat(1025)}), "stop"),
+        (
+            json!({"stop_token_ids": (0..257).collect::<Vec<u32>>()}),
+            "stop_token_ids",
+        ),
         (
             json!({"logprobs": true, "top_logprobs": 21}),
             "top_logprobs",
@@ -139,7 +144,8 @@ fn validation_names_the_field() {
         assert!(err.is_user_error());
     }
     let ok = json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
-        "temperature": 0, "top_p": 1, "stop": ["a", "b", "c", "d"], "logprobs": true, "top_logprobs": 20});
+        "temperature": 0, "top_p": 1, "stop": ["a", "b", "c", "x".repeat(1024)], "logprobs": true,
+        "top_logprobs": 20, "stop_token_ids": (0..256).collect::<Vec<u32>>()});
     chat(ok).validate().unwrap();
 }
 

@@ -12,6 +12,8 @@ pub enum ErrorCode {
     NotFound,
     /// The request body is over the size limit.
     PayloadTooLarge,
+    /// The path exists but not with this method.
+    MethodNotAllowed,
     /// Known but not ready: no worker, draining, a dependency down.
     Unavailable,
     /// Every worker is busy or a queue is full.
@@ -33,6 +35,7 @@ impl ErrorCode {
             Self::InvalidArgument => 400,
             Self::NotFound => 404,
             Self::PayloadTooLarge => 413,
+            Self::MethodNotAllowed => 405,
             Self::Unavailable => 503,
             Self::Overloaded => overload_status,
             Self::Timeout => 504,
@@ -45,7 +48,9 @@ impl ErrorCode {
     /// The OpenAI error `type` string for this code.
     pub fn openai_type(self) -> &'static str {
         match self {
-            Self::InvalidArgument | Self::PayloadTooLarge => "invalid_request_error",
+            Self::InvalidArgument | Self::PayloadTooLarge | Self::MethodNotAllowed => {
+                "invalid_request_error"
+            }
             Self::NotFound => "not_found_error",
             Self::Unavailable => "service_unavailable",
             Self::Overloaded => "overloaded",
@@ -59,7 +64,7 @@ impl ErrorCode {
     /// The `error_type` label of `requests_total` for this code.
     pub fn metric_label(self) -> &'static str {
         match self {
-            Self::InvalidArgument | Self::PayloadTooLarge => "validation",
+            Self::InvalidArgument | Self::PayloadTooLarge | Self::MethodNotAllowed => "validation",
             Self::NotFound => "not_found",
             Self::Unavailable | Self::Internal => "internal",
             Self::Overloaded => "overload",
@@ -75,6 +80,7 @@ impl ErrorCode {
             Self::InvalidArgument => tonic::Code::InvalidArgument,
             Self::NotFound => tonic::Code::NotFound,
             Self::PayloadTooLarge => tonic::Code::OutOfRange,
+            Self::MethodNotAllowed => tonic::Code::Unimplemented,
             Self::Unavailable => tonic::Code::Unavailable,
             Self::Overloaded => tonic::Code::ResourceExhausted,
             Self::Timeout => tonic::Code::DeadlineExceeded,

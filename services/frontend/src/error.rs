@@ -21,6 +21,14 @@ pub enum FrontendError {
     /// The path is not a route.
     #[error("route {0} not found")]
     RouteNotFound(String),
+    /// The path is a route, but not for this method.
+    #[error("method {method} is not allowed on {path}")]
+    MethodNotAllowed {
+        /// The request's method.
+        method: String,
+        /// The request's path.
+        path: String,
+    },
     /// The body is over the configured limit.
     #[error("request body is larger than the limit of {limit_mb} MiB")]
     PayloadTooLarge {
@@ -69,6 +77,7 @@ impl FrontendError {
         match self {
             Self::InvalidRequest { .. } => ErrorCode::InvalidArgument,
             Self::ModelNotFound(_) | Self::RouteNotFound(_) => ErrorCode::NotFound,
+            Self::MethodNotAllowed { .. } => ErrorCode::MethodNotAllowed,
             Self::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
             Self::NoWorkers(_) | Self::Draining => ErrorCode::Unavailable,
             Self::Timeout(_) => ErrorCode::Timeout,

@@ -272,7 +272,7 @@ async fn start_on(
         None => begin.await?,
     };
     let first = match first {
-        Some(Ok(response)) => response,
+        Some(Ok(response)) => worker_outcome(response)?,
         Some(Err(status)) => return Err(status.into()),
         None => {
             return Err(FrontendError::Worker {
@@ -290,6 +290,28 @@ async fn start_on(
         guard: None,
         resume: None,
     })
+}
+
+/// A worker's response, or the failure it reports: an `ERROR` finish, or a `CANCELLED` one (the
+/// frontend cancels only by dropping the stream, so a cancellation from the worker means it gave
+/// the request up, e.g. when shutting down). Both then take the failure path: another worker at
+/// the start, migration mid-stream, an error for the client otherwise — never a quiet end.
+fn worker_outcome(response: GenerateResponse) -> Result<GenerateResponse, FrontendError> {
+    match FinishReason::try_from(response.finish_reason) {
+        Ok(FinishReason::Error) => Err(FrontendError::Worker {
+            code: kvmesh_runtime::ErrorCode::Internal,
+            message: if response.error.is_empty() {
+                "worker failed".into()
+            } else {
+                response.error
+            },
+        }),
+        Ok(FinishReason::Cancelled) => Err(FrontendError::Worker {
+            code: kvmesh_runtime::ErrorCode::Unavailable,
+            message: "worker gave up the request (shutting down?)".into(),
+        }),
+        _ => Ok(response),
+    }
 }
 
 /// Whether a worker failure lets the request continue elsewhere (router.md §16): the worker
@@ -400,7 +422,7 @@ pub fn text_deltas(
             let next = match first.take() {
                 Some(response) => Ok(response),
                 None => match stream.next().await {
-                    Some(Ok(response)) => Ok(response),
+                    Some(Ok(response)) => worker_outcome(response),
                     Some(Err(status)) => Err(FrontendError::from(status)),
                     None => Err(FrontendError::Worker {
                         code: kvmesh_runtime::ErrorCode::Unavailable,
@@ -481,18 +503,6 @@ pub fn text_deltas(
                     if !step.text.is_empty() || num_tokens > 0 {
                         yield Ok(TextDelta { text: step.text, num_tokens, ..Default::default() });
                     }
-                }
-                FinishReason::Error => {
-                    release(&mut guard, TerminalPath::Error);
-                    yield Err(FrontendError::Worker {
-                        code: kvmesh_runtime::ErrorCode::Internal,
-                        message: if response.error.is_empty() { "worker failed".into() } else { response.error },
-                    });
-                    return;
-                }
-                FinishReason::Cancelled => {
-                    release(&mut guard, TerminalPath::Cancelled);
-                    return;
                 }
                 other => {
                     let mut text = step.text;

@@ -99,6 +99,7 @@ pub fn app(state: Arc<AppState>) -> AxumRouter {
             get(infra::metrics),
         )
         .fallback(infra::not_found)
+        .method_not_allowed_fallback(infra::method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)
 }

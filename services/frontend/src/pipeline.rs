@@ -49,12 +49,12 @@ impl Pipeline {
     pub fn chat_prompt(&self, request: &ChatCompletionRequest) -> Result<Vec<u32>, FrontendError> {
         let template = self.model.require_chat_template()?;
         let text = template.render_request(request)?;
-        Ok(self.tokenizer().encode(&text, false)?)
+        encode_off_runtime(&text, || self.tokenizer().encode(&text, false))
     }
 
     /// Tokenizes a raw text prompt (completions), adding the tokenizer's special tokens.
     pub fn text_prompt(&self, text: &str) -> Result<Vec<u32>, FrontendError> {
-        Ok(self.tokenizer().encode(text, true)?)
+        encode_off_runtime(text, || self.tokenizer().encode(text, true))
     }
 
     /// Decodes prompt tokens back to text (completions `echo`).
@@ -179,4 +179,24 @@ impl OutputProcessor {
         }
         text
     }
+}
+
+/// Prompt text above which tokenizing leaves the async worker thread: a prompt near the body
+/// limit takes seconds to encode, and must not stall every other stream on that thread.
+const LARGE_PROMPT_BYTES: usize = 256 * 1024;
+
+/// Runs `encode` in place, or for a large `text` on a multi-threaded runtime, as blocking work
+/// (the runtime moves its other tasks to another thread meanwhile).
+fn encode_off_runtime(
+    text: &str,
+    encode: impl FnOnce() -> Result<Vec<u32>, LlmError>,
+) -> Result<Vec<u32>, FrontendError> {
+    let is_multi_thread = tokio::runtime::Handle::try_current()
+        .is_ok_and(|handle| handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    let ids = if text.len() > LARGE_PROMPT_BYTES && is_multi_thread {
+        tokio::task::block_in_place(encode)
+    } else {
+        encode()
+    };
+    Ok(ids?)
 }

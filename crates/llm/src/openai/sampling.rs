@@ -8,6 +8,13 @@ use crate::stop::{StopMatcher, TokenStopConditions};
 
 /// OpenAI's limit on `stop` entries.
 pub const MAX_STOP_SEQUENCES: usize = 4;
+
+/// Longest stop string, in bytes: the stop matcher holds back and rescans up to this much text
+/// on every token.
+pub const MAX_STOP_STRING_BYTES: usize = 1024;
+
+/// Most entries of `stop_token_ids`: every generated token is checked against them.
+pub const MAX_STOP_TOKEN_IDS: usize = 256;
 /// OpenAI's limit on `top_logprobs` (and vLLM's on completions `logprobs`).
 pub const MAX_TOP_LOGPROBS: i64 = 20;
 
@@ -216,6 +223,23 @@ fn validate_common(c: &Common<'_>) -> Result<(), LlmError> {
         return Err(LlmError::invalid(
             "stop",
             format!("'stop' may hold at most {MAX_STOP_SEQUENCES} sequences, got {num_stops}"),
+        ));
+    }
+    if let Some(longest) = c.stop.and_then(|stop| stop.strings().map(str::len).max())
+        && longest > MAX_STOP_STRING_BYTES
+    {
+        return Err(LlmError::invalid(
+            "stop",
+            format!("a stop sequence may be at most {MAX_STOP_STRING_BYTES} bytes, got {longest}"),
+        ));
+    }
+    let num_stop_ids = c.stop_token_ids.map_or(0, <[u32]>::len);
+    if num_stop_ids > MAX_STOP_TOKEN_IDS {
+        return Err(LlmError::invalid(
+            "stop_token_ids",
+            format!(
+                "'stop_token_ids' may hold at most {MAX_STOP_TOKEN_IDS} ids, got {num_stop_ids}"
+            ),
         ));
     }
     at_least("min_tokens", c.min_tokens, 0)?;

@@ -155,6 +155,15 @@ async fn handle(
                 Some("prompt"),
             ));
         }
+        let vocab_size = entry.pipeline.tokenizer().vocab_size();
+        if vocab_size > 0
+            && let Some(unknown) = prompt.iter().find(|id| **id as usize >= vocab_size)
+        {
+            return Err(FrontendError::invalid(
+                format!("token id {unknown} is out of vocabulary (size {vocab_size})"),
+                Some("prompt"),
+            ));
+        }
         let echoed = if echo {
             Some(match &request.prompt {
                 Prompt::Text(text) => text.clone(),

@@ -67,3 +67,16 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
 pub async fn not_found(State(state): State<Arc<AppState>>, uri: OriginalUri) -> Response {
     state.error_response(FrontendError::RouteNotFound(uri.path().to_string()))
 }
+
+/// 405 as an OpenAI error, for a route called with a method it does not take (axum adds the
+/// `Allow` header).
+pub async fn method_not_allowed(
+    State(state): State<Arc<AppState>>,
+    method: axum::http::Method,
+    uri: OriginalUri,
+) -> Response {
+    state.error_response(FrontendError::MethodNotAllowed {
+        method: method.to_string(),
+        path: uri.path().to_string(),
+    })
+}

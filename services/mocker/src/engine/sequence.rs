@@ -88,6 +88,10 @@ impl Sequence {
         let kv_capacity = config.num_gpu_blocks.saturating_mul(block_size);
         let room = u32::try_from(kv_capacity + 1 - num_prompt_tokens).unwrap_or(u32::MAX);
         max_tokens = max_tokens.min(room);
+        // Sorted for a binary search per generated token: the list comes from the request.
+        let mut stop_token_ids = stop_token_ids;
+        stop_token_ids.sort_unstable();
+        stop_token_ids.dedup();
         let hasher = config
             .enable_prefix_caching
             .then(|| BlockHasher::new(block_size, seed_for(lora_name.as_deref(), None)));
@@ -172,7 +176,7 @@ impl Sequence {
         // As vLLM: a stop token wins over the length limit on the same token.
         let finish = if marker.is_none()
             && num_outputs >= self.min_tokens
-            && self.stop_token_ids.contains(&token_id)
+            && self.stop_token_ids.binary_search(&token_id).is_ok()
         {
             Some(FinishKind::Stop)
         } else if num_outputs >= self.max_tokens {
