@@ -100,6 +100,11 @@ class Mesh:
         for p in reversed(self.procs):
             p.kill()
 
+    def print_logs(self):
+        """The tail of every process's output, for a fixture that failed to start."""
+        for p in self.procs:
+            print(f"--- {p.name} ---\n{p.output()[-4000:]}")
+
 
 _STUBS = {}
 
@@ -172,8 +177,7 @@ def start_distributed(backend, extra_env=None, mocker_args=()):
     try:
         wait_ready(base, "tiny", 2, procs)
     except BaseException:
-        for p in procs:
-            print(f"--- {p.name} ---\n{p.output()[-4000:]}")
+        mesh.print_logs()
         mesh.stop()
         raise
     return mesh

@@ -36,8 +36,7 @@ def start(extra_args, rpc_port=None):
     try:
         wait_ready(mesh.base_url, "tiny", 2, procs)
     except BaseException:
-        for p in procs:
-            print(f"--- {p.name} ---\n{p.output()[-4000:]}")
+        mesh.print_logs()
         mesh.stop()
         raise
     return mesh

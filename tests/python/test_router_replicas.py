@@ -59,8 +59,7 @@ def replicas_mesh():
         wait_until(lambda: complete(mesh, [5, 6, 7]) is not None, what="frontend routing remotely")
         yield mesh
     except BaseException:
-        for p in procs:
-            print(f"--- {p.name} ---\n{p.output()[-4000:]}")
+        mesh.print_logs()
         raise
     finally:
         mesh.stop()
@@ -261,8 +260,7 @@ def queue_mesh():
                    what="router serving tiny")
         yield mesh
     except BaseException:
-        for p in procs:
-            print(f"--- {p.name} ---\n{p.output()[-4000:]}")
+        mesh.print_logs()
         raise
     finally:
         mesh.stop()
