@@ -23,9 +23,10 @@ def running_on(mesh):
     return counts
 
 
-def stream_and_kill(mesh, max_tokens=120, sig=signal.SIGKILL):
-    """Streams a completion, kills the worker serving it with `sig` after some tokens; returns
-    the parsed events (data objects, or an error) and the number of tokens seen before the kill."""
+def stream_and_kill(mesh, max_tokens=120, sig=signal.SIGKILL, stop_worker=None):
+    """Streams a completion, kills the worker serving it with `sig` (or hands it to
+    `stop_worker`) after some tokens; returns the parsed events (data objects, or an error) and
+    the number of tokens seen before the kill."""
     events = []
     killed_after = None
     with requests.post(f"{mesh.base_url}/v1/completions", stream=True, timeout=60, json={
@@ -40,7 +41,10 @@ def stream_and_kill(mesh, max_tokens=120, sig=signal.SIGKILL):
                 counts = running_on(mesh)
                 assert sorted(counts) == [0, 1], counts
                 victim = mesh.procs[1 + counts.index(1)]  # procs: frontend, mocker0, mocker1
-                victim.kill(sig)
+                if stop_worker:
+                    stop_worker(victim)
+                else:
+                    victim.kill(sig)
                 killed_after = len(events)
     return events, killed_after
 
@@ -94,6 +98,37 @@ def test_stream_survives_a_worker_that_gives_up_its_requests(impatient_mesh):
     finals = [e for e in events if e.get("choices") and e["choices"][0].get("finish_reason")]
     assert finals and finals[-1]["choices"][0]["finish_reason"] == "length"
     assert [e["usage"] for e in events if e.get("usage")][-1]["completion_tokens"] == 120
+
+
+@pytest.fixture
+def watchful_mesh():
+    mesh = start_distributed("etcd", {"DYN_MIGRATION_LIMIT": "3", "DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS": "1"},
+                             mocker_args=("--decode-speedup-ratio", "0.05"))
+    yield mesh
+    mesh.stop()
+
+
+def test_stream_survives_a_frozen_worker(watchful_mesh):
+    """A worker that stops answering without closing its connection (SIGSTOP: the kernel still
+    acknowledges, HTTP/2 keepalive would notice only after 15 s) is given up after the backend
+    stream timeout, and the request continues on the other worker."""
+    frozen = []
+
+    def freeze(victim):
+        victim.proc.send_signal(signal.SIGSTOP)
+        frozen.append(victim)
+
+    try:
+        began = time.monotonic()
+        events, killed_after = stream_and_kill(watchful_mesh, stop_worker=freeze)
+        elapsed = time.monotonic() - began
+    finally:
+        for victim in frozen:
+            victim.proc.send_signal(signal.SIGKILL)
+    assert killed_after == 10
+    assert not any("error" in e for e in events), [e for e in events if "error" in e]
+    assert [e["usage"] for e in events if e.get("usage")][-1]["completion_tokens"] == 120
+    assert elapsed < 10, elapsed  # the silence limit (1 s), not the keepalive (15 s), moved it
 
 
 def test_without_migration_the_client_sees_the_failure(plain_mesh):

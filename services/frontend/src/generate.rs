@@ -58,6 +58,9 @@ pub struct Started {
     guard: Option<Lease>,
     /// What migrating the request needs (`--migration-limit` above 0).
     resume: Option<Resume>,
+    /// Longest silence allowed between the worker's responses
+    /// (`DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS`); `None` waits as long as the connection lives.
+    silence_limit: Option<Duration>,
 }
 
 /// A request's original form and what is left of its migration budget (router.md §16).
@@ -289,7 +292,29 @@ async fn start_on(
         stream,
         guard: None,
         resume: None,
+        silence_limit: first_response_timeout,
     })
+}
+
+/// The worker's next response; a silence longer than `limit` is a timeout failure (migratable:
+/// a stalled worker whose connection still answers keepalives looks exactly like this).
+async fn next_response(
+    stream: &mut ResponseStream,
+    limit: Option<Duration>,
+) -> Option<Result<GenerateResponse, FrontendError>> {
+    let next = match limit {
+        Some(limit) => match tokio::time::timeout(limit, stream.next()).await {
+            Ok(next) => next,
+            Err(_) => {
+                return Some(Err(FrontendError::Worker {
+                    code: kvmesh_runtime::ErrorCode::Timeout,
+                    message: format!("worker silent for {} s", limit.as_secs()),
+                }));
+            }
+        },
+        None => stream.next().await,
+    };
+    next.map(|response| response.map_err(FrontendError::from))
 }
 
 /// A worker's response, or the failure it reports: an `ERROR` finish, or a `CANCELLED` one (the
@@ -404,6 +429,7 @@ pub fn text_deltas(
         guard,
         mut resume,
         mut worker_id,
+        silence_limit,
         ..
     } = started;
     let begin = Instant::now();
@@ -421,9 +447,9 @@ pub fn text_deltas(
         loop {
             let next = match first.take() {
                 Some(response) => Ok(response),
-                None => match stream.next().await {
+                None => match next_response(&mut stream, silence_limit).await {
                     Some(Ok(response)) => worker_outcome(response),
-                    Some(Err(status)) => Err(FrontendError::from(status)),
+                    Some(Err(error)) => Err(error),
                     None => Err(FrontendError::Worker {
                         code: kvmesh_runtime::ErrorCode::Unavailable,
                         message: "worker stream ended without a finish reason".into(),

@@ -118,7 +118,8 @@ pub struct HttpOpts {
     #[arg(long, env = "DYN_HTTP_SSE_KEEP_ALIVE_INTERVAL_MS", value_parser = clap::value_parser!(u64).range(1..))]
     pub http_sse_keep_alive_interval_ms: Option<u64>,
 
-    /// Fail a request whose worker stays silent this long before the response starts.
+    /// Fail a request whose worker stays silent this long, before the first response or between
+    /// two (migrated instead when `--migration-limit` allows).
     #[arg(long, env = "DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS", value_parser = clap::value_parser!(u64).range(1..))]
     pub http_backend_stream_timeout_secs: Option<u64>,
 }
