@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use kvmesh_indexer::bootstrap::list_replicas;
 use kvmesh_indexer::client::IndexerClient;
+use kvmesh_indexer::shard::ShardLayout;
 use kvmesh_proto::v1::indexer_client::IndexerClient as GrpcIndexerClient;
 use kvmesh_proto::v1::worker_client::WorkerClient;
 use kvmesh_proto::v1::{GenerateRequest, InstanceRecord, StatusRequest, StopConditions};
@@ -159,44 +160,61 @@ async fn sharded_replicas_survive_sigkill_and_converge() {
         })
         .collect();
     let model_path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny");
-    let mocker_args: Vec<String> = [
-        "--model-path",
-        model_path.to_str().expect("utf-8 path"),
-        "--model-name",
-        MODEL,
-        "--endpoint",
-        &format!("dyn://{namespace}.backend.generate"),
-        "--block-size",
-        &BLOCK_SIZE.to_string(),
-        "--num-workers",
-        "3",
-        "--speedup-ratio",
-        "50",
-        "--kv-partitions",
-        "4",
-        "--num-gpu-blocks-override",
-        "256",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let _mockers: Vec<Child> = (0..2)
-        .map(|_| spawn("kvmesh-mocker", &mocker_args, &etcd, &nats))
+    let mocker_args = |num_workers: u32| -> Vec<String> {
+        [
+            "--model-path",
+            model_path.to_str().expect("utf-8 path"),
+            "--model-name",
+            MODEL,
+            "--endpoint",
+            &format!("dyn://{namespace}.backend.generate"),
+            "--block-size",
+            &BLOCK_SIZE.to_string(),
+            "--num-workers",
+            &num_workers.to_string(),
+            "--speedup-ratio",
+            "50",
+            "--kv-partitions",
+            "4",
+            "--num-gpu-blocks-override",
+            "256",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let mut mockers: Vec<Child> = (0..2)
+        .map(|_| spawn("kvmesh-mocker", &mocker_args(3), &etcd, &nats))
         .collect();
 
     let worker_prefix = format!(
         "{}backend/generate/",
         names::instances_prefix(Some(&namespace))
     );
-    let workers: Vec<InstanceRecord> = wait_for("6 mock workers", 30, async || {
-        let list = discovery.list(&worker_prefix).await.ok()?;
-        (list.len() == 6).then(|| {
-            list.iter()
-                .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
-                .collect()
+    let list_workers = async |count: usize| -> Vec<InstanceRecord> {
+        wait_for(&format!("{count} mock workers"), 30, async || {
+            let list = discovery.list(&worker_prefix).await.ok()?;
+            (list.len() == count).then(|| {
+                list.iter()
+                    .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
+                    .collect()
+            })
         })
-    })
-    .await;
+        .await
+    };
+    let mut workers = list_workers(6).await;
+    // Worker ids hash to partitions, so six workers can all land on one shard; both shards must
+    // index someone for the convergence check to mean anything, so add workers until they do.
+    let shards = [0, 1].map(|shard| ShardLayout::striped(shard, 2, PARTITIONS));
+    while !shards
+        .iter()
+        .all(|shard| workers.iter().any(|w| shard.owns_worker(w.instance_id)))
+    {
+        assert!(workers.len() < 24, "worker ids keep landing on one shard");
+        eprintln!("all {} workers hash to one shard: adding one", workers.len());
+        mockers.push(spawn("kvmesh-mocker", &mocker_args(1), &etcd, &nats));
+        workers = list_workers(workers.len() + 1).await;
+    }
     wait_for("4 serving replicas", 30, async || {
         (list_replicas(discovery.as_ref(), &namespace)
             .await
