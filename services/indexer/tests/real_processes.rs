@@ -211,7 +211,10 @@ async fn sharded_replicas_survive_sigkill_and_converge() {
         .all(|shard| workers.iter().any(|w| shard.owns_worker(w.instance_id)))
     {
         assert!(workers.len() < 24, "worker ids keep landing on one shard");
-        eprintln!("all {} workers hash to one shard: adding one", workers.len());
+        eprintln!(
+            "all {} workers hash to one shard: adding one",
+            workers.len()
+        );
         mockers.push(spawn("kvmesh-mocker", &mocker_args(1), &etcd, &nats));
         workers = list_workers(workers.len() + 1).await;
     }
