@@ -83,6 +83,36 @@ def test_completions_unary_and_stream(kvmesh_up):
     assert tokens.usage.prompt_tokens == 5
 
 
+def test_completions_stream_echo_usage_and_nvext(kvmesh_up):
+    client = kvmesh_up.client()
+    headers = {"x-request-id": "fixed-request-echo"}
+    extra = {"nvext": {"extra_fields": ["worker_id"]}}
+    unary = client.completions.create(model="tiny", prompt="The cache holds", max_tokens=6,
+                                      extra_headers=headers)
+    chunks = list(client.completions.create(model="tiny", prompt="The cache holds", max_tokens=6, echo=True,
+                                            stream=True, stream_options={"include_usage": True},
+                                            extra_headers=headers, extra_body=extra))
+    # The echoed prompt opens the stream, with the worker in nvext; no later chunk repeats nvext.
+    assert chunks[0].choices[0].text == "The cache holds"
+    assert chunks[0].model_extra["nvext"]["worker_id"]["decode_worker_id"] > 0
+    assert all("nvext" not in (c.model_extra or {}) for c in chunks[1:])
+    text_chunks = [c for c in chunks if c.choices]
+    assert "".join(c.choices[0].text for c in text_chunks[1:]) == unary.choices[0].text
+    assert [c.choices[0].finish_reason for c in text_chunks if c.choices[0].finish_reason] == ["length"]
+    assert all(c.usage is None for c in text_chunks)
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
+    assert chunks[-1].usage.prompt_tokens == unary.usage.prompt_tokens
+
+
+def test_chat_stream_opens_with_role_and_nvext(kvmesh_up):
+    stream = chat(kvmesh_up, max_tokens=4, stream=True, extra_body={"nvext": {"extra_fields": ["worker_id"]}})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[0].model_extra["nvext"]["worker_id"]["decode_worker_id"] > 0
+    assert all("nvext" not in (c.model_extra or {}) for c in chunks[1:])
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
 def test_max_completion_tokens_wins(kvmesh_up):
     resp = chat(kvmesh_up, max_tokens=20, extra_body={"max_completion_tokens": 3})
     assert resp.usage.completion_tokens == 3

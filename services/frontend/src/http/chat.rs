@@ -8,10 +8,9 @@ use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use futures::StreamExt;
 use kvmesh_llm::openai::{
     ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionObject, ChatCompletionRequest,
-    ChatCompletionResponse, ChatResponseMessage, Role, Usage,
+    ChatCompletionResponse, ChatResponseMessage, FinishReason, Role, Usage,
 };
 
 use super::sse::{self, RequestScope};
@@ -122,45 +121,63 @@ async fn handle(
     }
 
     let include_usage = request.include_usage();
-    let events = async_stream::stream! {
-        let mut scope = scope;
-        let mut deltas = std::pin::pin!(deltas);
-        let mut first = ChatCompletionChunk::new(id.as_str(), model.as_str(), created, ChatChunkChoice::role(0), include_usage);
-        first.nvext = nvext;
-        yield sse::data_event(&first);
-        while let Some(delta) = deltas.next().await {
-            match delta {
-                Ok(delta) => {
-                    if !delta.text.is_empty() {
-                        let chunk = ChatCompletionChunk::new(id.as_str(), model.as_str(), created, ChatChunkChoice::content(0, delta.text.as_str()), include_usage);
-                        yield sse::data_event(&chunk);
-                    }
-                    if let Some(reason) = delta.finish_reason {
-                        let chunk = ChatCompletionChunk::new(id.as_str(), model.as_str(), created, ChatChunkChoice::finish(0, reason), include_usage);
-                        yield sse::data_event(&chunk);
-                        let usage = delta.usage.unwrap_or_default();
-                        scope.observe_tokens(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens);
-                        if include_usage {
-                            let usage = Usage::new(usage.prompt_tokens, usage.completion_tokens, Some(usage.cached_tokens));
-                            yield sse::data_event(&ChatCompletionChunk::usage_only(id.as_str(), model.as_str(), created, usage));
-                        }
-                        scope.finish(None);
-                        yield Bytes::from_static(sse::DONE);
-                        return;
-                    }
-                }
-                Err(error) => {
-                    scope.finish(Some(&error));
-                    yield sse::error_event(&error);
-                    return;
-                }
-            }
-        }
-        // Cancelled by the engine: end without a finish chunk.
-        scope.finish(None);
-        yield Bytes::from_static(sse::DONE);
+    let mut first = ChatCompletionChunk::new(
+        id.as_str(),
+        model.as_str(),
+        created,
+        ChatChunkChoice::role(0),
+        include_usage,
+    );
+    first.nvext = nvext;
+    let opening = sse::data_event(&first);
+    let framer = ChatFramer {
+        id,
+        model,
+        created,
+        include_usage,
     };
+    let events = sse::delta_events(scope, deltas, Some(opening), include_usage, framer);
     Ok(sse::sse_response(events, state.settings.sse_keep_alive))
+}
+
+/// Chat chunks: text and finish reason go out as separate chunks, as OpenAI sends them.
+struct ChatFramer {
+    id: String,
+    model: String,
+    created: u64,
+    include_usage: bool,
+}
+
+impl ChatFramer {
+    fn chunk(&self, choice: ChatChunkChoice<'_>) -> Bytes {
+        sse::data_event(&ChatCompletionChunk::new(
+            self.id.as_str(),
+            self.model.as_str(),
+            self.created,
+            choice,
+            self.include_usage,
+        ))
+    }
+}
+
+impl sse::ChunkFramer for ChatFramer {
+    fn delta(&mut self, text: &str, finish_reason: Option<FinishReason>, events: &mut Vec<Bytes>) {
+        if !text.is_empty() {
+            events.push(self.chunk(ChatChunkChoice::content(0, text)));
+        }
+        if let Some(reason) = finish_reason {
+            events.push(self.chunk(ChatChunkChoice::finish(0, reason)));
+        }
+    }
+
+    fn usage(&self, usage: Usage) -> Bytes {
+        sse::data_event(&ChatCompletionChunk::usage_only(
+            self.id.as_str(),
+            self.model.as_str(),
+            self.created,
+            usage,
+        ))
+    }
 }
 
 /// Seconds since the Unix epoch for `created` fields.

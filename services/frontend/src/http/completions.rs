@@ -7,10 +7,9 @@ use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use futures::StreamExt;
 use kvmesh_llm::openai::{
     CompletionChoice, CompletionChunk, CompletionChunkChoice, CompletionRequest,
-    CompletionResponse, Prompt, SamplingOptions, TextCompletionObject, Usage,
+    CompletionResponse, FinishReason, Prompt, SamplingOptions, TextCompletionObject, Usage,
 };
 use serde_json::Value;
 
@@ -239,57 +238,59 @@ async fn handle(
     }
 
     let include_usage = request.include_usage();
-    let events = async_stream::stream! {
-        let mut scope = scope;
-        let mut nvext = nvext;
-        let mut deltas = std::pin::pin!(deltas);
-        if let Some(echoed) = echoed {
-            let mut chunk = CompletionChunk::new(id.as_str(), model.as_str(), created, text_choice(echoed.as_str(), None), include_usage);
-            chunk.nvext = nvext.take();
-            yield sse::data_event(&chunk);
-        }
-        while let Some(delta) = deltas.next().await {
-            match delta {
-                Ok(delta) => {
-                    if delta.text.is_empty() && delta.finish_reason.is_none() {
-                        continue;
-                    }
-                    let mut chunk = CompletionChunk::new(id.as_str(), model.as_str(), created, text_choice(delta.text.as_str(), delta.finish_reason), include_usage);
-                    chunk.nvext = nvext.take();
-                    yield sse::data_event(&chunk);
-                    if delta.finish_reason.is_some() {
-                        let usage = delta.usage.unwrap_or_default();
-                        scope.observe_tokens(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens);
-                        if include_usage {
-                            let usage = Usage::new(usage.prompt_tokens, usage.completion_tokens, Some(usage.cached_tokens));
-                            yield sse::data_event(&CompletionChunk::usage_only(id.as_str(), model.as_str(), created, usage));
-                        }
-                        scope.finish(None);
-                        yield Bytes::from_static(sse::DONE);
-                        return;
-                    }
-                }
-                Err(error) => {
-                    scope.finish(Some(&error));
-                    yield sse::error_event(&error);
-                    return;
-                }
-            }
-        }
-        scope.finish(None);
-        yield Bytes::from_static(sse::DONE);
+    let mut framer = CompletionFramer {
+        id,
+        model,
+        created,
+        include_usage,
+        nvext,
     };
+    let opening = echoed.map(|echoed| framer.chunk(&echoed, None));
+    let events = sse::delta_events(scope, deltas, opening, include_usage, framer);
     Ok(sse::sse_response(events, state.settings.sse_keep_alive))
 }
 
-fn text_choice(
-    text: &str,
-    finish_reason: Option<kvmesh_llm::openai::FinishReason>,
-) -> CompletionChunkChoice<'_> {
-    CompletionChunkChoice {
-        index: 0,
-        text: text.into(),
-        logprobs: None,
-        finish_reason,
+/// Completion chunks: one chunk a delta, text and finish reason together; `nvext` rides on the
+/// first chunk.
+struct CompletionFramer {
+    id: String,
+    model: String,
+    created: u64,
+    include_usage: bool,
+    nvext: Option<Value>,
+}
+
+impl CompletionFramer {
+    fn chunk(&mut self, text: &str, finish_reason: Option<FinishReason>) -> Bytes {
+        let choice = CompletionChunkChoice {
+            index: 0,
+            text: text.into(),
+            logprobs: None,
+            finish_reason,
+        };
+        let mut chunk = CompletionChunk::new(
+            self.id.as_str(),
+            self.model.as_str(),
+            self.created,
+            choice,
+            self.include_usage,
+        );
+        chunk.nvext = self.nvext.take();
+        sse::data_event(&chunk)
+    }
+}
+
+impl sse::ChunkFramer for CompletionFramer {
+    fn delta(&mut self, text: &str, finish_reason: Option<FinishReason>, events: &mut Vec<Bytes>) {
+        events.push(self.chunk(text, finish_reason));
+    }
+
+    fn usage(&self, usage: Usage) -> Bytes {
+        sse::data_event(&CompletionChunk::usage_only(
+            self.id.as_str(),
+            self.model.as_str(),
+            self.created,
+            usage,
+        ))
     }
 }

@@ -74,6 +74,74 @@ fn with_keep_alive(
     }
 }
 
+/// How one endpoint frames its stream's chunks: chat and completions shape them differently, while
+/// the life of the stream (usage chunk, `[DONE]`, errors, the outcome on the request scope) is
+/// the same and lives in [`delta_events`].
+pub trait ChunkFramer: Send + 'static {
+    /// Appends the events of one delta that carries text, a finish reason, or both.
+    fn delta(
+        &mut self,
+        text: &str,
+        finish_reason: Option<kvmesh_llm::openai::FinishReason>,
+        events: &mut Vec<Bytes>,
+    );
+    /// The usage-only chunk sent after the finish when the client asked for usage.
+    fn usage(&self, usage: kvmesh_llm::openai::Usage) -> Bytes;
+}
+
+/// Streams `deltas` as server-sent events: `opening` first, then each delta as `framer` frames
+/// it, the usage chunk when `include_usage`, and `[DONE]`; an error ends the stream with an error
+/// event and no `[DONE]`. Records the outcome and token counts on `scope`.
+pub fn delta_events(
+    mut scope: RequestScope,
+    deltas: impl Stream<Item = Result<TextDelta, FrontendError>> + Send + 'static,
+    opening: Option<Bytes>,
+    include_usage: bool,
+    mut framer: impl ChunkFramer,
+) -> impl Stream<Item = Bytes> + Send + 'static {
+    async_stream::stream! {
+        if let Some(event) = opening {
+            yield event;
+        }
+        let mut deltas = std::pin::pin!(deltas);
+        let mut events = Vec::with_capacity(2);
+        while let Some(delta) = deltas.next().await {
+            let delta = match delta {
+                Ok(delta) => delta,
+                Err(error) => {
+                    scope.finish(Some(&error));
+                    yield error_event(&error);
+                    return;
+                }
+            };
+            if delta.text.is_empty() && delta.finish_reason.is_none() {
+                continue;
+            }
+            framer.delta(&delta.text, delta.finish_reason, &mut events);
+            for event in events.drain(..) {
+                yield event;
+            }
+            if delta.finish_reason.is_some() {
+                let usage = delta.usage.unwrap_or_default();
+                scope.observe_tokens(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens);
+                if include_usage {
+                    yield framer.usage(kvmesh_llm::openai::Usage::new(
+                        usage.prompt_tokens,
+                        usage.completion_tokens,
+                        Some(usage.cached_tokens),
+                    ));
+                }
+                scope.finish(None);
+                yield Bytes::from_static(DONE);
+                return;
+            }
+        }
+        // Cancelled by the engine: the stream ends without a finish chunk.
+        scope.finish(None);
+        yield Bytes::from_static(DONE);
+    }
+}
+
 /// A whole unary answer: the text, the finish reason and the usage of the last delta.
 pub struct UnaryAnswer {
     /// All text, after `prefix`.
