@@ -83,6 +83,14 @@ pub async fn run_rank(
     loop {
         // Wait for work when idle, otherwise take whatever arrived since the last pass.
         if !engine.has_work() {
+            // The throttle below may have held back the last pass's change; an idle rank publishes
+            // no more passes, so a router would otherwise keep its busy figures for good.
+            let load = load_of(&engine, worker_id, dp_rank);
+            if last_load.as_ref() != Some(&load) {
+                last_load = Some(load);
+                last_load_at = Instant::now();
+                let _ = outputs.send(RankOutput::Load(load));
+            }
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 command = commands.recv() => match command {
@@ -239,5 +247,66 @@ fn load_of(engine: &DpEngine, worker_id: u64, dp_rank: u32) -> WorkerLoad {
         num_waiting: load.num_waiting as u32,
         waiting_prefill_tokens: load.waiting_prefill_tokens as u64,
         published_at_ms: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A rank whose last pass ends within the publish throttle still publishes its idle load.
+    #[tokio::test]
+    async fn an_idle_rank_publishes_its_final_load() {
+        let (command_tx, command_rx) = mpsc::unbounded_channel();
+        let (output_tx, mut output_rx) = mpsc::unbounded_channel();
+        let shutdown = CancellationToken::new();
+        let pace = Pace {
+            speedup_ratio: 0.0,
+            decode_speedup_ratio: 1.0,
+        };
+        let rank = tokio::spawn(run_rank(
+            7,
+            0,
+            EngineConfig::default(),
+            pace,
+            command_rx,
+            output_tx,
+            shutdown.clone(),
+        ));
+        let (response_tx, mut responses) = mpsc::unbounded_channel();
+        let request = EngineRequest {
+            request_id: "r".into(),
+            prompt: (1..200).collect(),
+            max_tokens: Some(3),
+            ..EngineRequest::default()
+        };
+        command_tx
+            .send(Command::Add(Box::new(request), response_tx))
+            .map_err(|_| "rank stopped")
+            .unwrap();
+        let mut finished = false;
+        while let Some(Ok(response)) = responses.recv().await {
+            finished |= response.finish_reason != 0;
+        }
+        assert!(finished);
+        // Unpaced passes run well within the 10 ms throttle: only the idle publish reports zero.
+        let last = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match output_rx.recv().await {
+                    Some(RankOutput::Load(load))
+                        if load.num_running == 0 && load.num_waiting == 0 =>
+                    {
+                        return load;
+                    }
+                    Some(_) => {}
+                    None => panic!("rank stopped"),
+                }
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(last.worker_id, 7);
+        shutdown.cancel();
+        rank.await.unwrap();
     }
 }
