@@ -237,6 +237,12 @@ impl RouterCore {
         self.loads.retain(|key, _| key.worker_id != worker_id);
         self.latches.retain(|key, _| key.worker_id != worker_id);
         for (key, request) in self.tracker.remove_worker(worker_id) {
+            // The session may have moved to another worker meanwhile: its in-flight count must
+            // still drop, or it never goes idle and never expires. Bindings to the removed
+            // worker go below.
+            if let Some(session) = &request.session {
+                self.sessions.release(session, now, false);
+            }
             self.emit(&key, request.worker, SyncKind::Free);
         }
         self.sessions.remove_worker(worker_id);

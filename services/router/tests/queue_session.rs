@@ -350,3 +350,32 @@ fn a_reused_request_id_releases_the_session_of_the_request_it_replaces() {
     core.tick(s(200)); // idle since 2 with TTL 10 s, and a sweep is due
     assert_eq!(core.num_sessions(), 0);
 }
+
+#[test]
+fn a_removed_worker_releases_the_sessions_its_requests_held() {
+    let mut core = core(
+        &[
+            "--router-session-affinity-ttl-secs",
+            "10",
+            "--router-session-affinity-mode",
+            "soft",
+            "--router-mode",
+            "kv",
+        ],
+        &[1, 2],
+    );
+    let first = route_session(&mut core, "a", "s", 0).unwrap();
+    core.mark_prefill_done("a", s(0));
+    assert_eq!(route_session(&mut core, "b", "s", 0).unwrap(), first);
+    core.set_busy_thresholds(BusyThresholds {
+        active_prefill_tokens_threshold: Some(0),
+        ..BusyThresholds::default()
+    });
+    // b's prefill makes the bound worker busy: c falls back and the session moves with it.
+    let second = route_session(&mut core, "c", "s", 0).unwrap();
+    assert_ne!(second, first);
+    core.remove_worker(first, s(1)); // a and b go with their worker
+    assert!(core.free("c", TerminalPath::Completed, s(2)));
+    core.tick(s(200)); // idle since 2 with TTL 10 s, and a sweep is due
+    assert_eq!(core.num_sessions(), 0);
+}
