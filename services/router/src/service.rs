@@ -328,6 +328,7 @@ impl Router for RouterService {
                                 });
                                 return;
                             }
+                            let is_decision = decided.is_ok();
                             let result = match decided {
                                 Ok(decision) => {
                                     pb::route_stream_response::Result::Decision(decision)
@@ -341,10 +342,18 @@ impl Router for RouterService {
                                 }
                             };
                             let answer = pb::RouteStreamResponse {
-                                request_id,
+                                request_id: request_id.clone(),
                                 result: Some(result),
                             };
-                            let _ = tx.send(Ok(answer)).await;
+                            // A decision the caller never receives would stay tracked until expiry.
+                            if tx.send(Ok(answer)).await.is_err() && is_decision {
+                                let _ = service.apply_report(pb::ReportRequest {
+                                    model,
+                                    request_id,
+                                    terminal: pb::TerminalPath::Disconnected as i32,
+                                    ..Default::default()
+                                });
+                            }
                         });
                     }
                     Some(pb::route_stream_request::Kind::Report(report)) => {
