@@ -65,8 +65,15 @@ pub struct ConsumerConfig {
     pub filters: Vec<String>,
 }
 
-/// Reads the stream from `start_seq` until `shutdown`, applying this shard's events.
-pub async fn run_consumer(
+/// Longest wait between attempts to resume a failed event stream.
+const MAX_RESUME_BACKOFF: Duration = Duration::from_secs(5);
+
+/// Consumes the shard's events from `start_seq` until `shutdown` (or until every control sender
+/// is gone), resuming after the last applied sequence whenever the stream fails. The state stays
+/// intact across a failure (a NATS restart, a lost consumer), so resuming converges where exiting
+/// would not: every replica of a shard sees the same failure, and a replica that restarts finds
+/// no serving peer to load a snapshot from.
+pub async fn consume_forever(
     state: Arc<ShardState>,
     events: Arc<dyn EventPlane>,
     config: ConsumerConfig,
@@ -74,6 +81,49 @@ pub async fn run_consumer(
     mut control: mpsc::Receiver<Control>,
     metrics: Arc<IndexerMetrics>,
     shutdown: CancellationToken,
+) {
+    let mut start_seq = start_seq;
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let attempt = run_consumer(
+            &state,
+            events.as_ref(),
+            &config,
+            start_seq,
+            &mut control,
+            &metrics,
+            &shutdown,
+        );
+        let error = match attempt.await {
+            Ok(()) => return,
+            Err(error) => error,
+        };
+        metrics.stream_failures.inc();
+        tracing::warn!(
+            namespace = %config.namespace,
+            %error,
+            resume_after = state.applied_seq(),
+            "lost the kv event stream; resuming"
+        );
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(MAX_RESUME_BACKOFF);
+        start_seq = state.applied_seq().saturating_add(1).max(start_seq);
+    }
+}
+
+/// Reads the stream from `start_seq` until `shutdown`, applying this shard's events; an error
+/// means the stream failed and may be resumed.
+async fn run_consumer(
+    state: &Arc<ShardState>,
+    events: &dyn EventPlane,
+    config: &ConsumerConfig,
+    start_seq: u64,
+    control: &mut mpsc::Receiver<Control>,
+    metrics: &IndexerMetrics,
+    shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
     let stream_name = names::kv_stream_name(&config.namespace);
     let tail_at_start = events.last_sequence(&stream_name).await.unwrap_or(0);
@@ -93,13 +143,13 @@ pub async fn run_consumer(
                 state.set_state(IndexerState::Serving);
             }
             request = control.recv() => match request {
-                Some(Control::Snapshot(reply)) => { let _ = reply.send(cut(&state, true).await); }
-                Some(Control::Status(reply)) => { let _ = reply.send(cut(&state, false).await); }
+                Some(Control::Snapshot(reply)) => { let _ = reply.send(cut(state, true).await); }
+                Some(Control::Status(reply)) => { let _ = reply.send(cut(state, false).await); }
                 None => return Ok(()),
             },
             message = stream.next() => match message {
                 Some(Ok(message)) => {
-                    apply(&state, &config.namespace, message, &metrics);
+                    apply(state, &config.namespace, message, metrics);
                     if state.state() == IndexerState::Loading {
                         if state.applied_seq() >= tail_at_start {
                             tracing::info!(applied_seq = state.applied_seq(), "caught up with the stream, serving");

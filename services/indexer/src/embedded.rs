@@ -13,7 +13,7 @@ use kvmesh_runtime::names;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::consumer::{ConsumerConfig, run_consumer};
+use crate::consumer::{ConsumerConfig, consume_forever};
 use crate::markers::run_markers;
 use crate::metrics::IndexerMetrics;
 use crate::shard::{ShardLayout, ShardState};
@@ -57,7 +57,12 @@ pub async fn start(
             filters,
         };
         let shutdown = shutdown.clone();
-        tokio::spawn(consume_forever(state, events, config, metrics, shutdown));
+        tokio::spawn(async move {
+            // Nobody asks this index for cuts; the sender lives as long as the consumer so its
+            // control channel stays open.
+            let (_control_tx, control_rx) = mpsc::channel(1);
+            consume_forever(state, events, config, 1, control_rx, metrics, shutdown).await;
+        });
     }
     {
         let state = state.clone();
@@ -78,49 +83,4 @@ pub async fn start(
         });
     }
     Ok(state)
-}
-
-/// Longest wait between attempts to resume a failed event stream.
-const MAX_RESUME_BACKOFF: Duration = Duration::from_secs(5);
-
-/// Consumes the namespace's KV events until `shutdown`, resuming after the last applied sequence
-/// whenever the stream fails (a standalone replica exits instead and re-bootstraps; an embedded
-/// index has no peer to bootstrap from and must not stop advancing).
-async fn consume_forever(
-    state: Arc<ShardState>,
-    events: Arc<dyn EventPlane>,
-    config: ConsumerConfig,
-    metrics: Arc<IndexerMetrics>,
-    shutdown: CancellationToken,
-) {
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        // Nobody asks this index for cuts; the sender lives as long as the attempt so the
-        // consumer's control channel stays open.
-        let (control_tx, control_rx) = mpsc::channel(1);
-        let start_seq = state.applied_seq().saturating_add(1);
-        let result = run_consumer(
-            state.clone(),
-            events.clone(),
-            config.clone(),
-            start_seq,
-            control_rx,
-            metrics.clone(),
-            shutdown.clone(),
-        )
-        .await;
-        drop(control_tx);
-        let Err(error) = result else { return };
-        tracing::warn!(
-            namespace = %config.namespace,
-            %error,
-            resume_after = state.applied_seq(),
-            "embedded index lost the kv event stream; resuming"
-        );
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(backoff) => {}
-        }
-        backoff = (backoff * 2).min(MAX_RESUME_BACKOFF);
-    }
 }

@@ -176,7 +176,7 @@ pub async fn run(
     let tasks_shutdown = shutdown.child_token();
     let mut tasks = tokio::task::JoinSet::new();
     let (control_tx, control_rx) = mpsc::channel(16);
-    tasks.spawn(consumer::run_consumer(
+    let consumer = consumer::consume_forever(
         state.clone(),
         events.clone(),
         ConsumerConfig {
@@ -191,7 +191,11 @@ pub async fn run(
         control_rx,
         metrics.clone(),
         tasks_shutdown.clone(),
-    ));
+    );
+    tasks.spawn(async move {
+        consumer.await;
+        Ok(())
+    });
     let block_sizes = Arc::new(ArcSwap::from_pointee(HashMap::new()));
     tasks.spawn(watch_block_sizes(
         discovery.clone(),

@@ -28,6 +28,8 @@ pub struct IndexerMetrics {
     pub find_matches_seconds: Histogram,
     /// Messages that could not be decoded.
     pub malformed: IntCounter,
+    /// Times the event stream failed and consumption resumed.
+    pub stream_failures: IntCounter,
     seen: Mutex<HashMap<(String, &'static str, &'static str), u64>>,
     seen_gaps: Mutex<u64>,
 }
@@ -70,6 +72,11 @@ impl IndexerMetrics {
             "kvmesh_indexer_malformed_messages_total",
             "undecodable messages skipped",
         )?;
+        let stream_failures = IntCounter::new(
+            "kvmesh_indexer_stream_failures_total",
+            "times the kv event stream failed and was resumed",
+        )?;
+        registry.register(Box::new(stream_failures.clone()))?;
         registry.register(Box::new(events_applied.clone()))?;
         registry.register(Box::new(event_gaps.clone()))?;
         registry.register(Box::new(blocks.clone()))?;
@@ -90,6 +97,7 @@ impl IndexerMetrics {
             queries,
             find_matches_seconds,
             malformed,
+            stream_failures,
             seen: Mutex::new(HashMap::new()),
             seen_gaps: Mutex::new(0),
         })

@@ -67,13 +67,17 @@ fn spawn(name: &str, args: &[String], etcd: &str, nats: &str) -> Child {
 }
 
 fn indexer_args(namespace: &str, shard: u32) -> Vec<String> {
+    sharded_args(namespace, shard, 2)
+}
+
+fn sharded_args(namespace: &str, shard: u32, shards: u32) -> Vec<String> {
     [
         "--namespace",
         namespace,
         "--kv-partitions",
         "4",
         "--indexer-shards",
-        "2",
+        &shards.to_string(),
         "--indexer-shard",
         &shard.to_string(),
         "--router-event-threads",
@@ -339,4 +343,177 @@ async fn sharded_replicas_survive_sigkill_and_converge() {
     .await;
     assert_eq!(converged.len(), 4);
     stop.cancel();
+}
+
+/// A private `nats-server -js` on a fixed port and store, so the test can kill and restart it.
+fn start_nats(port: u16, store: &std::path::Path) -> Child {
+    Command::new("nats-server")
+        .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
+        .arg(store)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("nats-server must be installed (CI installs it)")
+}
+
+async fn wait_for_port(port: u16) {
+    wait_for("nats-server listening", 20, async || {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()
+            .map(drop)
+    })
+    .await;
+}
+
+/// One request through a mock worker, so that its prompt's blocks are stored.
+async fn generate(worker: &InstanceRecord, request_id: &str, tokens: Vec<u32>) {
+    let mut client = WorkerClient::connect(format!("http://{}", worker.address))
+        .await
+        .expect("worker");
+    let request = GenerateRequest {
+        request_id: request_id.into(),
+        model: MODEL.into(),
+        token_ids: tokens,
+        stop: Some(StopConditions {
+            max_tokens: Some(2),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut stream = client
+        .generate(request)
+        .await
+        .expect("generate")
+        .into_inner();
+    while let Ok(Some(_)) = stream.message().await {}
+}
+
+/// The NATS server restarts (its ephemeral consumers are gone): the replica keeps running, keeps
+/// its state and its registration, and indexes the events published after the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_resumes_when_nats_restarts() {
+    let Some((etcd, _)) = external() else {
+        return;
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("free port")
+        .port();
+    let store = std::env::temp_dir().join(format!("kvmesh-nats-restart-{}", std::process::id()));
+    let mut nats_server = start_nats(port, &store);
+    wait_for_port(port).await;
+    let nats = format!("nats://127.0.0.1:{port}");
+    let namespace = format!("rs{:x}", std::process::id() as u64 ^ 0x7e57_0000);
+    let discovery: Arc<dyn Discovery> = Arc::new(
+        EtcdDiscovery::connect(std::slice::from_ref(&etcd))
+            .await
+            .expect("etcd"),
+    );
+
+    let mut replica = spawn(
+        "kvmesh-indexer",
+        &sharded_args(&namespace, 0, 1),
+        &etcd,
+        &nats,
+    );
+    let model_path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny");
+    let mocker_args: Vec<String> = [
+        "--model-path",
+        model_path.to_str().expect("utf-8 path"),
+        "--model-name",
+        MODEL,
+        "--endpoint",
+        &format!("dyn://{namespace}.backend.generate"),
+        "--block-size",
+        &BLOCK_SIZE.to_string(),
+        "--speedup-ratio",
+        "50",
+        "--kv-partitions",
+        "4",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let _mocker = spawn("kvmesh-mocker", &mocker_args, &etcd, &nats);
+    let worker_prefix = format!(
+        "{}backend/generate/",
+        names::instances_prefix(Some(&namespace))
+    );
+    let worker: InstanceRecord = wait_for("a mock worker", 30, async || {
+        let list = discovery.list(&worker_prefix).await.ok()?;
+        list.first()
+            .and_then(|kv| serde_json::from_slice(&kv.value).ok())
+    })
+    .await;
+    let registered = wait_for("a serving replica", 30, async || {
+        let replicas = list_replicas(discovery.as_ref(), &namespace).await.ok()?;
+        replicas.first().map(|(record, _)| record.instance_id)
+    })
+    .await;
+    let stop = CancellationToken::new();
+    let client = IndexerClient::connect(
+        discovery.clone(),
+        &namespace,
+        PARTITIONS,
+        Duration::from_millis(500),
+        stop.clone(),
+    )
+    .await
+    .expect("client");
+    let matched = async |tokens: &[u32]| {
+        let hashes =
+            kvmesh_kv::compute_block_hashes(tokens, BLOCK_SIZE, kvmesh_kv::hashing::BASE_SEED);
+        let answer = client.find_matches(MODEL, &hashes).await;
+        answer
+            .scores
+            .scores
+            .iter()
+            .map(|row| row.device)
+            .max()
+            .unwrap_or(0)
+    };
+
+    let before: Vec<u32> = (0..16).map(|t| 300 + t).collect();
+    generate(&worker, "before", before.clone()).await;
+    wait_for("the first prompt indexed", 20, async || {
+        (matched(&before).await >= 3).then_some(())
+    })
+    .await;
+
+    nats_server.start_kill().expect("sigkill nats-server");
+    let _ = nats_server.wait().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let _nats_server = start_nats(port, &store);
+    wait_for_port(port).await;
+
+    let after: Vec<u32> = (0..16).map(|t| 700 + t).collect();
+    wait_for(
+        "the prompt sent after the restart indexed",
+        40,
+        async || {
+            generate(&worker, "after", after.clone()).await;
+            (matched(&after).await >= 3).then_some(())
+        },
+    )
+    .await;
+    assert!(matched(&before).await >= 3, "the state from before stays");
+    assert!(
+        replica.try_wait().expect("replica status").is_none(),
+        "the replica kept running"
+    );
+    let replicas = list_replicas(discovery.as_ref(), &namespace)
+        .await
+        .expect("list");
+    assert_eq!(
+        replicas
+            .iter()
+            .map(|(r, _)| r.instance_id)
+            .collect::<Vec<_>>(),
+        vec![registered],
+        "the same registration serves"
+    );
+    stop.cancel();
+    let _ = std::fs::remove_dir_all(&store);
 }
