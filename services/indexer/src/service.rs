@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use futures::StreamExt;
+use kvmesh_kv::KvEventBatch;
 use kvmesh_proto::v1::indexer_server::Indexer;
 use kvmesh_proto::v1::{
     EventCursor, FindMatchesRequest, FindMatchesResponse, IndexerState, ModelSnapshot, ModelStatus,
@@ -13,6 +14,7 @@ use kvmesh_proto::v1::{
     snapshot_chunk,
 };
 use kvmesh_runtime::event_plane::EventPlane;
+use prost::Message;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::consumer::{Control, Cut};
@@ -20,8 +22,13 @@ use crate::convert::{batch_to_proto, scores_to_proto};
 use crate::metrics::IndexerMetrics;
 use crate::shard::ShardState;
 
-/// Batches per snapshot chunk, keeping chunks well under gRPC's message limit.
-const BATCHES_PER_CHUNK: usize = 16;
+/// Encoded bytes a snapshot chunk grows to before the next batch starts a new one, keeping chunks
+/// well under gRPC's 64 MiB message limit whatever the batches hold (a batch of long stored
+/// chains on a host or disk tier can be megabytes).
+const CHUNK_BYTES: usize = 4 * 1024 * 1024;
+
+/// Snapshots built at once; each holds a full copy of the shard's state until it is sent.
+const MAX_CONCURRENT_SNAPSHOTS: usize = 2;
 
 /// Serves queries from the shard's state and cuts through its consumer.
 #[derive(Clone)]
@@ -33,6 +40,8 @@ pub struct IndexerService {
     block_sizes: Arc<ArcSwap<HashMap<String, u32>>>,
     events: Arc<dyn EventPlane>,
     stream_name: String,
+    /// Bounds the snapshots held in memory at once.
+    snapshots: Arc<tokio::sync::Semaphore>,
 }
 
 impl IndexerService {
@@ -52,6 +61,7 @@ impl IndexerService {
             block_sizes,
             events,
             stream_name,
+            snapshots: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_SNAPSHOTS)),
         }
     }
 
@@ -130,6 +140,34 @@ impl IndexerService {
     }
 }
 
+/// Splits one model's dumped batches into snapshot chunks of about `max_bytes` encoded bytes,
+/// keeping their order; a batch larger than that goes alone.
+fn events_chunks(model: &str, dumped: &[KvEventBatch], max_bytes: usize) -> Vec<SnapshotEvents> {
+    let mut chunks = Vec::new();
+    let mut batches = Vec::new();
+    let mut bytes = 0;
+    for batch in dumped {
+        let batch = batch_to_proto(batch);
+        let size = batch.encoded_len();
+        if !batches.is_empty() && bytes + size > max_bytes {
+            chunks.push(SnapshotEvents {
+                model: model.to_string(),
+                batches: std::mem::take(&mut batches),
+            });
+            bytes = 0;
+        }
+        bytes += size;
+        batches.push(batch);
+    }
+    if !batches.is_empty() {
+        chunks.push(SnapshotEvents {
+            model: model.to_string(),
+            batches,
+        });
+    }
+    chunks
+}
+
 #[tonic::async_trait]
 impl Indexer for IndexerService {
     async fn find_matches(
@@ -164,6 +202,12 @@ impl Indexer for IndexerService {
                 "indexer replica is not serving yet",
             ));
         }
+        let permit = self
+            .snapshots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| tonic::Status::unavailable("indexer is stopping"))?;
         let cut = self.cut(true).await?;
         let layout = &self.state.layout;
         let header = SnapshotHeader {
@@ -201,16 +245,22 @@ impl Indexer for IndexerService {
             let Some(dump) = model.dump else {
                 continue;
             };
-            for batches in dump.batches.chunks(BATCHES_PER_CHUNK) {
-                chunks.push(Ok(SnapshotChunk {
-                    kind: Some(snapshot_chunk::Kind::Events(SnapshotEvents {
-                        model: model.model.clone(),
-                        batches: batches.iter().map(batch_to_proto).collect(),
-                    })),
-                }));
-            }
+            chunks.extend(
+                events_chunks(&model.model, &dump.batches, CHUNK_BYTES)
+                    .into_iter()
+                    .map(|events| {
+                        Ok(SnapshotChunk {
+                            kind: Some(snapshot_chunk::Kind::Events(events)),
+                        })
+                    }),
+            );
         }
-        Ok(tonic::Response::new(futures::stream::iter(chunks).boxed()))
+        // The permit goes with the stream: the copy is held until the last chunk is sent.
+        let chunks = futures::stream::iter(chunks).map(move |chunk| {
+            let _held = &permit;
+            chunk
+        });
+        Ok(tonic::Response::new(chunks.boxed()))
     }
 
     async fn status(
@@ -256,5 +306,53 @@ impl Indexer for IndexerService {
                 .collect(),
             counters,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvmesh_kv::{KvEvent, KvEventKind, KvStored, KvStoredBlock, Tier};
+
+    fn stored_batch(worker_id: u64, blocks: u64) -> KvEventBatch {
+        KvEventBatch {
+            worker_id,
+            events: vec![KvEvent {
+                event_id: 0,
+                tier: Tier::HostPinned,
+                kind: KvEventKind::Stored(KvStored {
+                    parent_hash: None,
+                    blocks: (0..blocks)
+                        .map(|b| KvStoredBlock::new(b * 7919 + worker_id, b))
+                        .collect(),
+                    start_position: None,
+                }),
+            }],
+            ..KvEventBatch::default()
+        }
+    }
+
+    #[test]
+    fn snapshot_chunks_are_bounded_by_bytes_and_keep_every_batch_in_order() {
+        let dumped: Vec<KvEventBatch> = (1..=40).map(|w| stored_batch(w, 500 * (w % 5))).collect();
+        let chunks = events_chunks("m", &dumped, 64 * 1024);
+        assert!(chunks.len() > 1);
+        for chunk in &chunks {
+            assert_eq!(chunk.model, "m");
+            let bytes: usize = chunk.batches.iter().map(Message::encoded_len).sum();
+            assert!(
+                chunk.batches.len() == 1 || bytes <= 64 * 1024,
+                "{bytes} bytes"
+            );
+        }
+        let workers: Vec<u64> = chunks
+            .iter()
+            .flat_map(|c| c.batches.iter().map(|b| b.worker_id))
+            .collect();
+        assert_eq!(workers, (1..=40).collect::<Vec<_>>());
+        // One batch above the limit still goes, alone.
+        let huge = events_chunks("m", &[stored_batch(1, 10_000)], 1024);
+        assert_eq!(huge.len(), 1);
+        assert!(events_chunks("m", &[], 1024).is_empty());
     }
 }
