@@ -66,30 +66,56 @@ pub fn layout_of(record: &InstanceRecord) -> Option<ShardLayout> {
     })
 }
 
+/// How long a replica keeps asking its shard's registered peers for a snapshot when all of them
+/// fail: longer than a discovery lease, so peers that died unannounced expire meanwhile.
+const BOOTSTRAP_PATIENCE: Duration = Duration::from_secs(30);
+
 /// Loads the state of a serving peer with the same partitions into `state`. Returns the stream
-/// sequence the state reflects, or `None` when no peer could give one.
+/// sequence the state reflects, or `None` when the shard has no registered peer (the replica then
+/// replays the stream from its start). Registered peers that all fail are asked again until
+/// [`BOOTSTRAP_PATIENCE`] runs out, and then this fails: starting empty beside live peers would
+/// leave the replica short of every block older than the stream's retention, for good.
 pub async fn load_from_peer(
     discovery: &dyn Discovery,
     namespace: &str,
     state: &Arc<ShardState>,
 ) -> anyhow::Result<Option<u64>> {
-    for (record, layout) in list_replicas(discovery, namespace).await? {
-        if layout.partitions != state.layout.partitions
-            || layout.num_partitions != state.layout.num_partitions
-        {
-            continue;
+    let deadline = tokio::time::Instant::now() + BOOTSTRAP_PATIENCE;
+    let mut backoff = Duration::from_millis(250);
+    loop {
+        let peers: Vec<InstanceRecord> = list_replicas(discovery, namespace)
+            .await?
+            .into_iter()
+            .filter(|(_, layout)| {
+                layout.partitions == state.layout.partitions
+                    && layout.num_partitions == state.layout.num_partitions
+            })
+            .map(|(record, _)| record)
+            .collect();
+        if peers.is_empty() {
+            return Ok(None);
         }
-        match load_snapshot(&record.address, state).await {
-            Ok(seq) => {
-                tracing::info!(peer = %record.address, stream_seq = seq, "loaded snapshot from peer");
-                return Ok(Some(seq));
-            }
-            Err(error) => {
-                tracing::warn!(peer = %record.address, %error, "snapshot from peer failed, trying another");
+        for record in &peers {
+            match load_snapshot(&record.address, state).await {
+                Ok(seq) => {
+                    tracing::info!(peer = %record.address, stream_seq = seq, "loaded snapshot from peer");
+                    return Ok(Some(seq));
+                }
+                Err(error) => {
+                    tracing::warn!(peer = %record.address, %error, "snapshot from peer failed, trying another");
+                }
             }
         }
+        if tokio::time::Instant::now() + backoff > deadline {
+            anyhow::bail!(
+                "{} registered peer(s) of this shard gave no snapshot within {:?}",
+                peers.len(),
+                BOOTSTRAP_PATIENCE
+            );
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(4));
     }
-    Ok(None)
 }
 
 async fn load_snapshot(address: &str, state: &Arc<ShardState>) -> anyhow::Result<u64> {

@@ -517,3 +517,83 @@ async fn a_replica_resumes_when_nats_restarts() {
     stop.cancel();
     let _ = std::fs::remove_dir_all(&store);
 }
+
+/// A shard whose only registered peer gives no snapshot: the new replica waits for the peer instead
+/// of starting empty beside it, and starts from the stream once the peer leaves discovery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_waits_for_a_registered_peer_instead_of_starting_empty() {
+    let Some((etcd, nats)) = external() else {
+        return;
+    };
+    let namespace = format!("bw{:x}", std::process::id() as u64 ^ 0xb007_0000);
+    let discovery: Arc<dyn Discovery> = Arc::new(
+        EtcdDiscovery::connect(std::slice::from_ref(&etcd))
+            .await
+            .expect("etcd"),
+    );
+    // A peer registered under its own lease at an address where nothing listens.
+    let closed_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("free port")
+        .port();
+    let ghost_lease = EtcdDiscovery::connect(std::slice::from_ref(&etcd))
+        .await
+        .expect("etcd");
+    let layout = ShardLayout::striped(0, 1, PARTITIONS);
+    let ghost = InstanceRecord {
+        namespace: namespace.clone(),
+        component: "indexer".into(),
+        endpoint: "query".into(),
+        instance_id: ghost_lease.instance_id(),
+        address: format!("127.0.0.1:{closed_port}"),
+        transport: "grpc".into(),
+        metadata: [
+            ("shard", "0".to_string()),
+            ("shards", "1".to_string()),
+            ("kv_partitions", PARTITIONS.to_string()),
+            (
+                "partitions",
+                layout
+                    .partitions
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect(),
+        ..Default::default()
+    };
+    ghost_lease
+        .put(
+            &names::instance_key(&namespace, "indexer", "query", ghost.instance_id),
+            serde_json::to_vec(&ghost).expect("json").into(),
+        )
+        .await
+        .expect("register the ghost");
+
+    let mut replica = spawn(
+        "kvmesh-indexer",
+        &sharded_args(&namespace, 0, 1),
+        &etcd,
+        &nats,
+    );
+    let registered = async || {
+        list_replicas(discovery.as_ref(), &namespace)
+            .await
+            .ok()?
+            .into_iter()
+            .find(|(record, _)| record.instance_id != ghost.instance_id)
+            .map(|(record, _)| record.instance_id)
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(registered().await, None, "started beside a registered peer");
+    assert!(
+        replica.try_wait().expect("replica status").is_none(),
+        "the replica keeps asking"
+    );
+    ghost_lease.revoke().await.expect("revoke the ghost");
+    wait_for("the replica serving once the peer is gone", 20, registered).await;
+}
