@@ -126,7 +126,8 @@ async fn run_consumer(
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
     let stream_name = names::kv_stream_name(&config.namespace);
-    let tail_at_start = events.last_sequence(&stream_name).await.unwrap_or(0);
+    // Without the tail a replica cannot tell when it caught up: fail and let the caller retry.
+    let tail_at_start = events.last_sequence(&stream_name).await?;
     let mut stream = events
         .consume(&stream_name, &config.filters, start_seq.max(1))
         .await?;
@@ -137,11 +138,9 @@ async fn run_consumer(
     tokio::pin!(idle);
     loop {
         tokio::select! {
+            // A message ready now is applied before the idle timer may call the replica caught up.
+            biased;
             _ = shutdown.cancelled() => return Ok(()),
-            _ = &mut idle, if state.state() == IndexerState::Loading => {
-                tracing::info!(applied_seq = state.applied_seq(), "caught up with the stream, serving");
-                state.set_state(IndexerState::Serving);
-            }
             request = control.recv() => match request {
                 Some(Control::Snapshot(reply)) => { let _ = reply.send(cut(state, true).await); }
                 Some(Control::Status(reply)) => { let _ = reply.send(cut(state, false).await); }
@@ -162,6 +161,10 @@ async fn run_consumer(
                 Some(Err(error)) => return Err(anyhow::anyhow!("kv event stream failed: {error}")),
                 None => return Err(anyhow::anyhow!("kv event stream ended")),
             },
+            _ = &mut idle, if state.state() == IndexerState::Loading => {
+                tracing::info!(applied_seq = state.applied_seq(), "caught up with the stream, serving");
+                state.set_state(IndexerState::Serving);
+            }
         }
     }
 }
