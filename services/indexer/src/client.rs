@@ -15,6 +15,7 @@ use kvmesh_runtime::discovery::Discovery;
 use kvmesh_runtime::discovery::instances::InstanceList;
 use kvmesh_runtime::names;
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::bootstrap::{INDEXER_COMPONENT, INDEXER_ENDPOINT, layout_of};
@@ -73,13 +74,22 @@ impl QueryStream {
     }
 }
 
+/// Queries one stream carries unanswered; beyond it the task reads answers before taking more,
+/// so neither HTTP/2 flow-control window can fill while the other side waits on it.
+const MAX_IN_FLIGHT: usize = 256;
+
+/// A stream whose oldest query waited this long is torn down and reopened: a replica that stalls
+/// while its connection still answers keepalives would otherwise hold every later query.
+const STALLED_AFTER: Duration = Duration::from_secs(5);
+
 async fn run_query_stream(
     mut client: GrpcIndexerClient<tonic::transport::Channel>,
     mut rx: mpsc::Receiver<(FindMatchesRequest, oneshot::Sender<Answer>)>,
 ) {
-    let mut waiting: VecDeque<oneshot::Sender<Answer>> = VecDeque::new();
-    let fail_all = |waiting: &mut VecDeque<oneshot::Sender<Answer>>, status: &tonic::Status| {
-        for reply in waiting.drain(..) {
+    let mut waiting: VecDeque<(oneshot::Sender<Answer>, Instant)> = VecDeque::new();
+    let fail_all = |waiting: &mut VecDeque<(oneshot::Sender<Answer>, Instant)>,
+                    status: &tonic::Status| {
+        for (reply, _) in waiting.drain(..) {
             let _ = reply.send(Err(status.clone()));
         }
     };
@@ -87,12 +97,15 @@ async fn run_query_stream(
         let Some((first, reply)) = rx.recv().await else {
             return;
         };
-        let (out_tx, out_rx) = mpsc::channel(QUERY_QUEUE);
+        if reply.is_closed() {
+            continue;
+        }
+        let (out_tx, out_rx) = mpsc::channel(MAX_IN_FLIGHT);
         if out_tx.try_send(first).is_err() {
             let _ = reply.send(Err(tonic::Status::unavailable("query stream closed")));
             continue;
         }
-        waiting.push_back(reply);
+        waiting.push_back((reply, Instant::now()));
         let mut answers = match client
             .find_matches_stream(tokio_stream::wrappers::ReceiverStream::new(out_rx))
             .await
@@ -104,19 +117,27 @@ async fn run_query_stream(
             }
         };
         loop {
+            let oldest = waiting
+                .front()
+                .map_or_else(Instant::now, |(_, sent_at)| *sent_at);
             tokio::select! {
-                query = rx.recv() => {
+                query = rx.recv(), if waiting.len() < MAX_IN_FLIGHT => {
                     let Some((request, reply)) = query else { return };
-                    if out_tx.send(request).await.is_err() {
+                    // A caller past its deadline needs no answer: the replica is spared the work.
+                    if reply.is_closed() {
+                        continue;
+                    }
+                    // Never full: the channel holds at most the unanswered queries.
+                    if out_tx.try_send(request).is_err() {
                         let _ = reply.send(Err(tonic::Status::unavailable("query stream closed")));
                         fail_all(&mut waiting, &tonic::Status::unavailable("query stream closed"));
                         break;
                     }
-                    waiting.push_back(reply);
+                    waiting.push_back((reply, Instant::now()));
                 }
                 answer = answers.next() => match answer {
                     Some(Ok(response)) => {
-                        if let Some(reply) = waiting.pop_front() {
+                        if let Some((reply, _)) = waiting.pop_front() {
                             let _ = reply.send(Ok(response));
                         }
                     }
@@ -129,6 +150,10 @@ async fn run_query_stream(
                         break;
                     }
                 },
+                _ = tokio::time::sleep_until(oldest + STALLED_AFTER), if !waiting.is_empty() => {
+                    fail_all(&mut waiting, &tonic::Status::unavailable("indexer replica stopped answering"));
+                    break;
+                }
             }
         }
     }
