@@ -69,7 +69,8 @@ pub struct ConsumerConfig {
 const MAX_RESUME_BACKOFF: Duration = Duration::from_secs(5);
 
 /// Consumes the shard's events from `start_seq` until `shutdown` (or until every control sender
-/// is gone), resuming after the last applied sequence whenever the stream fails. The state stays
+/// is gone), resuming after the last applied sequence whenever the stream fails; fails only when
+/// the shard can no longer index ([`LaneStopped`]). The state stays
 /// intact across a failure (a NATS restart, a lost consumer), so resuming converges where exiting
 /// would not: every replica of a shard sees the same failure, and a replica that restarts finds
 /// no serving peer to load a snapshot from.
@@ -81,7 +82,7 @@ pub async fn consume_forever(
     mut control: mpsc::Receiver<Control>,
     metrics: Arc<IndexerMetrics>,
     shutdown: CancellationToken,
-) {
+) -> anyhow::Result<()> {
     let mut start_seq = start_seq;
     let mut backoff = Duration::from_millis(100);
     loop {
@@ -95,7 +96,8 @@ pub async fn consume_forever(
             &shutdown,
         );
         let error = match attempt.await {
-            Ok(()) => return,
+            Ok(()) => return Ok(()),
+            Err(error) if error.is::<LaneStopped>() => return Err(error),
             Err(error) => error,
         };
         metrics.stream_failures.inc();
@@ -106,7 +108,7 @@ pub async fn consume_forever(
             "lost the kv event stream; resuming"
         );
         tokio::select! {
-            _ = shutdown.cancelled() => return,
+            _ = shutdown.cancelled() => return Ok(()),
             _ = tokio::time::sleep(backoff) => {}
         }
         backoff = (backoff * 2).min(MAX_RESUME_BACKOFF);
@@ -148,7 +150,7 @@ async fn run_consumer(
             },
             message = stream.next() => match message {
                 Some(Ok(message)) => {
-                    apply(state, &config.namespace, message, metrics);
+                    apply(state, message, metrics)?;
                     if state.state() == IndexerState::Loading {
                         if state.applied_seq() >= tail_at_start {
                             tracing::info!(applied_seq = state.applied_seq(), "caught up with the stream, serving");
@@ -181,14 +183,23 @@ pub fn model_of_subject(subject: &str) -> Option<String> {
     (kind == "kv").then(|| names::decode_subject_token(model))?
 }
 
-fn apply(state: &ShardState, namespace: &str, message: StreamMessage, metrics: &IndexerMetrics) {
-    let _ = namespace;
+/// An apply lane stopped: the shard can no longer index, and skipping events would leave its state
+/// behind its applied sequence for good.
+#[derive(Debug, thiserror::Error)]
+#[error("kv index lane stopped: {0}")]
+pub struct LaneStopped(String);
+
+fn apply(
+    state: &ShardState,
+    message: StreamMessage,
+    metrics: &IndexerMetrics,
+) -> Result<(), LaneStopped> {
     let seq = message.sequence;
     let Some(model) = model_of_subject(&message.subject) else {
         metrics.malformed.inc();
         tracing::warn!(subject = %message.subject, "kv event on an unexpected subject, skipped");
         state.set_applied_seq(seq);
-        return;
+        return Ok(());
     };
     let batch = match pb::KvEventBatch::decode(message.payload.as_ref()) {
         Ok(batch) => batch_from_proto(batch),
@@ -196,34 +207,35 @@ fn apply(state: &ShardState, namespace: &str, message: StreamMessage, metrics: &
             metrics.malformed.inc();
             tracing::warn!(%error, seq, "undecodable kv event batch, skipped");
             state.set_applied_seq(seq);
-            return;
+            return Ok(());
         }
     };
     if !state.layout.owns_worker(batch.worker_id) {
         state.set_applied_seq(seq);
-        return;
+        return Ok(());
     }
     let Some(index) = state.model_or_insert(&model) else {
         metrics.malformed.inc();
         tracing::warn!(%model, seq, "kv events of one model too many for this shard, skipped");
         state.set_applied_seq(seq);
-        return;
+        return Ok(());
     };
     if batch.worker_removed {
         // Worker ids are never reused: the worker leaves every model of this shard.
         for (_, other) in state.models() {
             if !Arc::ptr_eq(&other, &index) {
-                apply_batch(&other, KvEventBatch::worker_removed(batch.worker_id));
+                apply_batch(&other, KvEventBatch::worker_removed(batch.worker_id))?;
             }
         }
     }
-    apply_batch(&index, batch);
+    apply_batch(&index, batch)?;
     state.set_applied_seq(seq);
+    Ok(())
 }
 
 /// Queues a batch on its lane. `apply` blocks while the lane's queue is full (back-pressure on the
 /// stream), so on a multi-threaded runtime the wait is moved off the async worker.
-fn apply_batch(index: &kvmesh_kv::ConcurrentIndex, batch: KvEventBatch) {
+fn apply_batch(index: &kvmesh_kv::ConcurrentIndex, batch: KvEventBatch) -> Result<(), LaneStopped> {
     let multi_thread = tokio::runtime::Handle::try_current()
         .is_ok_and(|handle| handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
     let result = if multi_thread {
@@ -231,9 +243,7 @@ fn apply_batch(index: &kvmesh_kv::ConcurrentIndex, batch: KvEventBatch) {
     } else {
         index.apply(batch)
     };
-    if let Err(error) = result {
-        tracing::error!(%error, "kv index lane stopped");
-    }
+    result.map_err(|error| LaneStopped(error.to_string()))
 }
 
 async fn cut(state: &Arc<ShardState>, with_dump: bool) -> Result<Cut, String> {

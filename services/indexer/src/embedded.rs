@@ -61,7 +61,12 @@ pub async fn start(
             // Nobody asks this index for cuts; the sender lives as long as the consumer so its
             // control channel stays open.
             let (_control_tx, control_rx) = mpsc::channel(1);
-            consume_forever(state, events, config, 1, control_rx, metrics, shutdown).await;
+            let namespace = config.namespace.clone();
+            if let Err(error) =
+                consume_forever(state, events, config, 1, control_rx, metrics, shutdown).await
+            {
+                tracing::error!(%namespace, %error, "embedded index stopped indexing");
+            }
         });
     }
     {

@@ -192,10 +192,7 @@ pub async fn run(
         metrics.clone(),
         tasks_shutdown.clone(),
     );
-    tasks.spawn(async move {
-        consumer.await;
-        Ok(())
-    });
+    tasks.spawn(consumer);
     let block_sizes = Arc::new(ArcSwap::from_pointee(HashMap::new()));
     tasks.spawn(watch_block_sizes(
         discovery.clone(),
