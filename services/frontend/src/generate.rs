@@ -2,7 +2,6 @@
 //! and turn the worker's token stream into text deltas with stop handling.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
@@ -222,13 +221,8 @@ async fn route(
     request: &GenerateRequest,
     hints: RoutingHints,
 ) -> Result<Lease, FrontendError> {
-    static NEXT_ROUTE_ID: AtomicU64 = AtomicU64::new(0);
     let route_request = RouteRequest {
-        request_id: format!(
-            "{}#{}",
-            request.request_id,
-            NEXT_ROUTE_ID.fetch_add(1, Ordering::Relaxed)
-        ),
+        request_id: kvmesh_router::unique_route_id(&request.request_id),
         token_ids: &request.token_ids,
         lora_name: (!request.lora_name.is_empty()).then_some(request.lora_name.as_str()),
         cache_salt: None,

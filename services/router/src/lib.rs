@@ -57,7 +57,7 @@ pub use overlap::{NoIndex, OverlapSource, build_event_index};
 pub use remote::{RemoteLease, RemoteRouters};
 pub use request::{
     Decision, Dispatched, RouteOutcome, RouteRequest, RouterConfigOverride, RoutingHints,
-    TerminalPath, Ticket,
+    TerminalPath, Ticket, unique_route_id,
 };
 pub use rng::Rng;
 pub use routing::route_with_index;

@@ -1,6 +1,24 @@
 //! What a caller hands the router for one request and what it gets back.
 
+use std::hash::{BuildHasher, RandomState};
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+/// A tracking id for one routing of `request_id` that no other routing shares, in this process or
+/// another: router state is keyed by request id, and a client's id is not unique (retries, the
+/// same `x-request-id` sent to two frontends that share a router replica). A random per-process
+/// tag and a counter follow the client's id, which stays readable in logs.
+pub fn unique_route_id(request_id: &str) -> String {
+    static PROCESS_TAG: LazyLock<u64> =
+        LazyLock::new(|| RandomState::new().hash_one(std::process::id()));
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{request_id}#{:016x}-{}",
+        *PROCESS_TAG,
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
 
 /// Per-request changes to the cost model (`router_config_override` of the router API and EPP,
 /// router.md §4). Unset fields keep the router's value.
@@ -154,5 +172,18 @@ impl TerminalPath {
     /// worker, router.md §10) rather than left to its idle timer.
     pub fn drops_session(self) -> bool {
         matches!(self, TerminalPath::Error | TerminalPath::Migrated)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn route_ids_of_one_client_id_never_repeat() {
+        let ids: std::collections::HashSet<String> =
+            (0..1000).map(|_| unique_route_id("retry-me")).collect();
+        assert_eq!(ids.len(), 1000);
+        assert!(ids.iter().all(|id| id.starts_with("retry-me#")));
     }
 }

@@ -543,7 +543,7 @@ impl RouterService {
         );
         let mut tried: Vec<u64> = Vec::new();
         let mut last_error = RouteError::NoEndpoint;
-        for attempt in 0..MAX_START_ATTEMPTS.min(model.workers.len()).max(1) {
+        for _ in 0..MAX_START_ATTEMPTS.min(model.workers.len()).max(1) {
             if !tried.is_empty() {
                 let allowed = fleet::untried_workers(
                     model.workers.keys().copied(),
@@ -556,7 +556,7 @@ impl RouterService {
                 hints.allowed_worker_ids = Some(allowed);
             }
             let route_request = RouteRequest {
-                request_id: format!("{}#{attempt}", generate.request_id),
+                request_id: crate::unique_route_id(&generate.request_id),
                 token_ids: &generate.token_ids,
                 lora_name: (!generate.lora_name.is_empty()).then_some(generate.lora_name.as_str()),
                 cache_salt: (!routed.cache_salt.is_empty()).then_some(routed.cache_salt.as_str()),
