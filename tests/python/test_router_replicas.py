@@ -120,11 +120,20 @@ def test_replicas_see_each_others_load(replicas_mesh):
 
 def test_report_to_another_replica_frees_the_synced_copy(replicas_mesh):
     a, b = replicas_mesh.router_addrs[0], replicas_mesh.router_addrs[1]
+
+    def tracked_on_a():
+        return metric(replicas_mesh.router_metrics[0], 'kvmesh_router_tracked_requests{model="tiny"}') or 0
+
+    before = tracked_on_a()
     _, owner, request_id = route_on(a, [7] * (4 * BLOCK), allow=None)
+    assert tracked_on_a() == before + 1
     time.sleep(0.3)
     assert report(b, request_id, owner)          # b holds the synced copy and frees it
     assert not report(b, request_id, owner)      # already gone
-    assert report(a, request_id, owner)          # the owner still tracked its own entry
+    # b passed the report on: the owner frees its own entry too, instead of holding the load
+    # until expiry.
+    wait_until(lambda: tracked_on_a() == before, what="the owner freeing the forwarded report")
+    assert not report(a, request_id, owner)
 
 
 def metric(url, series):

@@ -52,7 +52,8 @@ pub async fn start(
                     return;
                 };
                 match kvmesh_proto::v1::RouterSyncEvent::decode(message.payload) {
-                    Ok(event) if event.router_id != own_id => {
+                    // Own events come back from NATS; a report another replica passed on does not.
+                    Ok(event) if event.router_id != own_id || !event.forwarded_by.is_empty() => {
                         if let Some(event) = wire::sync_from_proto(event) {
                             router.apply_sync_event(&event);
                         }

@@ -520,6 +520,7 @@ impl RouterService {
             request_id: report.request_id,
             worker,
             kind,
+            forwarded_by: Some(own_id.to_string()),
         };
         router.apply_sync_event(&event);
         router.publish_sync(event);

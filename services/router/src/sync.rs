@@ -19,6 +19,9 @@ pub struct SyncEvent {
     pub worker: WorkerKey,
     /// What changed.
     pub kind: SyncKind,
+    /// The replica that passed on a caller's report for `router_id`'s request; the owner applies
+    /// such an event to its own entry.
+    pub forwarded_by: Option<String>,
 }
 
 /// The change.

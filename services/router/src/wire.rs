@@ -44,6 +44,7 @@ pub fn sync_to_proto(event: &SyncEvent) -> pb::RouterSyncEvent {
         worker_id: event.worker.worker_id,
         dp_rank: event.worker.dp_rank,
         kind: Some(kind),
+        forwarded_by: event.forwarded_by.clone().unwrap_or_default(),
     }
 }
 
@@ -70,6 +71,7 @@ pub fn sync_from_proto(event: pb::RouterSyncEvent) -> Option<SyncEvent> {
         request_id: event.request_id,
         worker: WorkerKey::new(event.worker_id, event.dp_rank),
         kind,
+        forwarded_by: (!event.forwarded_by.is_empty()).then_some(event.forwarded_by),
     })
 }
 
@@ -227,12 +229,13 @@ mod tests {
                 session_id: "s1".into(),
             },
         ];
-        for kind in kinds {
+        for (i, kind) in kinds.into_iter().enumerate() {
             let event = SyncEvent {
                 router_id: "r1".into(),
                 request_id: "q1".into(),
                 worker: WorkerKey::new(9, 2),
                 kind,
+                forwarded_by: (i % 2 == 1).then(|| "r2".to_string()),
             };
             assert_eq!(sync_from_proto(sync_to_proto(&event)), Some(event));
         }

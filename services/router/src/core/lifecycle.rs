@@ -88,9 +88,25 @@ impl RouterCore {
         std::mem::take(&mut self.sync_out)
     }
 
-    /// Applies a replica's tracker change (its own events and unknown workers are ignored).
+    /// Applies a replica's tracker change (its own events and unknown workers are ignored, except
+    /// a report about one of its own requests that another replica passed on).
     pub fn apply_sync_event(&mut self, event: &SyncEvent, now: Duration) {
         if event.router_id == *self.router_id {
+            let forwarded = event
+                .forwarded_by
+                .as_deref()
+                .is_some_and(|by| by != &*self.router_id);
+            if forwarded {
+                match event.kind {
+                    SyncKind::Free => {
+                        self.free(&event.request_id, TerminalPath::Completed, now);
+                    }
+                    SyncKind::MarkPrefillCompleted => {
+                        self.mark_prefill_done(&event.request_id, now);
+                    }
+                    SyncKind::Add { .. } | SyncKind::SessionBind { .. } => {}
+                }
+            }
             return;
         }
         let known = self
@@ -152,6 +168,7 @@ impl RouterCore {
                 request_id: key.1.clone(),
                 worker,
                 kind,
+                forwarded_by: None,
             });
         }
     }
