@@ -6,7 +6,7 @@
 //! A replica that dies after deciding does not fail the request: the caller talks to the worker
 //! itself, and its reports go to another replica, which frees the copy replica sync gave it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -131,35 +131,92 @@ impl Drop for AbandonOnDrop<'_> {
     }
 }
 
+/// Terminal reports remembered per stream, to send again if the stream fails after taking them.
+const RECENT_ENDS: usize = 1024;
+
+/// After a stream failed: what it may have lost goes again as unary calls, best effort. Each is
+/// harmless when the replica already had it (freeing is idempotent and route ids are never
+/// reused): the ends of the last [`RECENT_ENDS`] requests, and a disconnect for every route
+/// that was waiting for its answer (the replica may have decided it, and the caller is routing
+/// it elsewhere). Stops at the first call that cannot reach the replica.
+fn resend_after_failure(
+    client: &RouterClient<tonic::transport::Channel>,
+    recent_ends: &mut VecDeque<pb::ReportRequest>,
+    unanswered: Vec<(String, String)>,
+) {
+    let mut reports: Vec<pb::ReportRequest> = recent_ends.drain(..).collect();
+    reports.extend(
+        unanswered
+            .into_iter()
+            .map(|(model, request_id)| pb::ReportRequest {
+                model,
+                request_id,
+                terminal: pb::TerminalPath::Disconnected as i32,
+                ..Default::default()
+            }),
+    );
+    if reports.is_empty() {
+        return;
+    }
+    let mut client = client.clone();
+    tokio::spawn(async move {
+        for report in reports {
+            let call = tokio::time::timeout(Duration::from_secs(2), client.report(report)).await;
+            if !matches!(call, Ok(Ok(_))) {
+                return;
+            }
+        }
+    });
+}
+
 async fn run_route_stream(
     mut client: RouterClient<tonic::transport::Channel>,
     mut rx: mpsc::Receiver<Outgoing>,
     is_up: Arc<AtomicBool>,
 ) {
-    let mut waiting: HashMap<String, oneshot::Sender<RouteAnswer>> = HashMap::new();
-    let fail_all = |waiting: &mut HashMap<String, oneshot::Sender<RouteAnswer>>,
+    let mut recent_ends: VecDeque<pb::ReportRequest> = VecDeque::new();
+    let mut waiting: HashMap<String, (String, oneshot::Sender<RouteAnswer>)> = HashMap::new();
+    // Fails every waiting route; returns their (model, request id).
+    let fail_all = |waiting: &mut HashMap<String, (String, oneshot::Sender<RouteAnswer>)>,
                     status: &tonic::Status| {
-        for (_, reply) in waiting.drain() {
-            let _ = reply.send(Err(status.clone()));
-        }
+        waiting
+            .drain()
+            .map(|(request_id, (model, reply))| {
+                let _ = reply.send(Err(status.clone()));
+                (model, request_id)
+            })
+            .collect::<Vec<_>>()
     };
-    let to_message =
-        |outgoing: Outgoing, waiting: &mut HashMap<String, oneshot::Sender<RouteAnswer>>| {
-            let kind = match outgoing {
-                Outgoing::Route(request, reply) => {
-                    waiting.insert(request.request_id.clone(), reply);
-                    pb::route_stream_request::Kind::Route(*request)
+    let to_message = |outgoing: Outgoing,
+                      waiting: &mut HashMap<String, (String, oneshot::Sender<RouteAnswer>)>,
+                      recent_ends: &mut VecDeque<pb::ReportRequest>| {
+        let kind = match outgoing {
+            Outgoing::Route(request, reply) => {
+                waiting.insert(request.request_id.clone(), (request.model.clone(), reply));
+                pb::route_stream_request::Kind::Route(*request)
+            }
+            Outgoing::Report(report) => {
+                if report.terminal != 0 {
+                    if recent_ends.len() == RECENT_ENDS {
+                        recent_ends.pop_front();
+                    }
+                    recent_ends.push_back(report.clone());
                 }
-                Outgoing::Report(report) => pb::route_stream_request::Kind::Report(report),
-            };
-            pb::RouteStreamRequest { kind: Some(kind) }
+                pb::route_stream_request::Kind::Report(report)
+            }
         };
+        pb::RouteStreamRequest { kind: Some(kind) }
+    };
     loop {
         let Some(first) = rx.recv().await else {
             return;
         };
+        recent_ends.clear();
         let (out_tx, out_rx) = mpsc::channel(ROUTE_STREAM_QUEUE);
-        if out_tx.try_send(to_message(first, &mut waiting)).is_err() {
+        if out_tx
+            .try_send(to_message(first, &mut waiting, &mut recent_ends))
+            .is_err()
+        {
             fail_all(
                 &mut waiting,
                 &tonic::Status::unavailable("route stream closed"),
@@ -172,6 +229,7 @@ async fn run_route_stream(
         {
             Ok(response) => response.into_inner(),
             Err(status) => {
+                // Nothing reached the replica: no stream was opened.
                 fail_all(&mut waiting, &status);
                 continue;
             }
@@ -181,13 +239,13 @@ async fn run_route_stream(
             tokio::select! {
                 outgoing = rx.recv() => {
                     let Some(outgoing) = outgoing else { return };
-                    if out_tx.send(to_message(outgoing, &mut waiting)).await.is_err() {
+                    if out_tx.send(to_message(outgoing, &mut waiting, &mut recent_ends)).await.is_err() {
                         break tonic::Status::unavailable("route stream closed");
                     }
                 }
                 answer = answers.next() => match answer {
                     Some(Ok(answer)) => {
-                        let Some(reply) = waiting.remove(&answer.request_id) else { continue };
+                        let Some((_, reply)) = waiting.remove(&answer.request_id) else { continue };
                         let result = match answer.result {
                             Some(pb::route_stream_response::Result::Decision(decision)) => Ok(decision),
                             Some(pb::route_stream_response::Result::Failure(failure)) => Err(
@@ -203,7 +261,8 @@ async fn run_route_stream(
             }
         };
         is_up.store(false, Ordering::Release);
-        fail_all(&mut waiting, &failure);
+        let unanswered = fail_all(&mut waiting, &failure);
+        resend_after_failure(&client, &mut recent_ends, unanswered);
     }
 }
 
