@@ -77,6 +77,9 @@ impl PreparedRequest {
     }
 }
 
+/// How long a rank's published load counts for busy detection without a newer one.
+pub const PUBLISHED_LOAD_TTL: Duration = Duration::from_secs(5);
+
 /// The routing core of one model (see the module docs).
 pub struct RouterCore {
     config: RouterConfig,
@@ -85,8 +88,11 @@ pub struct RouterCore {
     block_size: u32,
     rng: Rng,
     workers: BTreeMap<u64, WorkerInfo>,
-    loads: HashMap<WorkerKey, WorkerLoad>,
+    /// Each rank's last published load and when it arrived.
+    loads: HashMap<WorkerKey, (WorkerLoad, Duration)>,
     latches: HashMap<WorkerKey, bool>,
+    /// The latest time the router was told (routing, ticks, published load).
+    clock: Duration,
     busy: BusyThresholds,
     tracker: Tracker,
     sessions: Sessions,
@@ -150,6 +156,7 @@ impl RouterCore {
             rng: Rng::new(seed),
             workers: BTreeMap::new(),
             loads: HashMap::new(),
+            clock: Duration::ZERO,
             latches: HashMap::new(),
             tracker: Tracker::default(),
             sessions: Sessions::default(),
@@ -263,7 +270,8 @@ impl RouterCore {
         if !info.ranks().contains(&load.worker.dp_rank) {
             return;
         }
-        self.loads.insert(load.worker, load);
+        self.clock = self.clock.max(now);
+        self.loads.insert(load.worker, (load, now));
         self.is_rank_busy(load.worker);
         self.drain_queue(now);
     }
@@ -366,7 +374,13 @@ impl RouterCore {
             .get(&worker.worker_id)
             .and_then(|w| w.runtime)
             .unwrap_or_default();
-        let published = self.loads.get(&worker);
+        // Engines publish on every pass while they work: an old figure is an idle engine's last
+        // word (possibly from before its last requests ended), not its load now.
+        let published = self
+            .loads
+            .get(&worker)
+            .filter(|(_, at)| self.clock.saturating_sub(*at) <= PUBLISHED_LOAD_TTL)
+            .map(|(load, _)| load);
         let input = BusyInputs {
             prefill_tokens: self
                 .tracker

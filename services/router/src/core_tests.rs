@@ -263,6 +263,39 @@ fn all_busy_is_overloaded_and_a_busy_pin_is_never_rerouted() {
 }
 
 #[test]
+fn an_old_published_load_stops_counting_for_busy_detection() {
+    let mut core = core(RouterMode::RoundRobin, &[1]);
+    core.set_busy_thresholds(BusyThresholds {
+        active_decode_blocks_threshold: Some(0.5),
+        ..BusyThresholds::default()
+    });
+    core.update_load(
+        WorkerLoad {
+            worker: WorkerKey::new(1, 0),
+            kv_used_blocks: 90,
+            kv_total_blocks: 100,
+            ..WorkerLoad::default()
+        },
+        T0,
+    );
+    let at = |secs| T0 + Duration::from_secs(secs);
+    assert_eq!(
+        core.route(&RouteRequest::new("a", &[1]), at(1)),
+        Err(RouteError::Overloaded)
+    );
+    assert_eq!(
+        core.route(&RouteRequest::new("a", &[1]), at(4)),
+        Err(RouteError::Overloaded),
+        "within {PUBLISHED_LOAD_TTL:?}"
+    );
+    // No newer figure for longer than the TTL: the engine went idle after its last pass.
+    assert!(matches!(
+        core.route(&RouteRequest::new("b", &[1]), at(6)),
+        Ok(RouteOutcome::Routed(_))
+    ));
+}
+
+#[test]
 fn sync_events_replay_on_a_replica() {
     let mut config = RouterConfig::with_mode(RouterMode::Kv);
     config.replica_sync = true;

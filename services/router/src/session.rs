@@ -17,6 +17,16 @@ pub(crate) struct Binding {
     /// When the last request ended (or the binding was made).
     pub idle_since: Duration,
     pub ttl: Duration,
+    /// Tells this binding from an earlier one of the same session id (dropped, then made again),
+    /// so a request of the earlier one cannot release or drop this one.
+    pub generation: u64,
+}
+
+/// A request's reference on a session binding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SessionHold {
+    pub id: String,
+    pub generation: u64,
 }
 
 impl Binding {
@@ -29,6 +39,7 @@ impl Binding {
 #[derive(Debug, Default)]
 pub(crate) struct Sessions {
     map: HashMap<String, Binding>,
+    next_generation: u64,
 }
 
 impl Sessions {
@@ -50,33 +61,44 @@ impl Sessions {
         mode: SessionAffinityMode,
         ttl: Duration,
         now: Duration,
-    ) {
+    ) -> SessionHold {
+        let generation = self.next_generation;
         let binding = self.map.entry(id.to_string()).or_insert(Binding {
             target,
             mode,
             inflight: 0,
             idle_since: now,
             ttl,
+            generation,
         });
-        if binding.target != target {
-            binding.target = target;
+        if binding.generation == generation {
+            self.next_generation += 1;
         }
+        binding.target = target;
         binding.mode = mode;
         binding.ttl = ttl;
         binding.inflight += 1;
+        SessionHold {
+            id: id.to_string(),
+            generation: binding.generation,
+        }
     }
 
     /// A request of the session ended: its idle timer restarts; `drop_binding` removes it (a
-    /// failure of the bound worker).
-    pub fn release(&mut self, id: &str, now: Duration, drop_binding: bool) {
-        if drop_binding {
-            self.map.remove(id);
+    /// failure of the bound worker). A hold on an earlier binding of the id changes nothing.
+    pub fn release(&mut self, hold: &SessionHold, now: Duration, drop_binding: bool) {
+        let Some(binding) = self.map.get_mut(&hold.id) else {
+            return;
+        };
+        if binding.generation != hold.generation {
             return;
         }
-        if let Some(binding) = self.map.get_mut(id) {
-            binding.inflight = binding.inflight.saturating_sub(1);
-            binding.idle_since = now;
+        if drop_binding {
+            self.map.remove(&hold.id);
+            return;
         }
+        binding.inflight = binding.inflight.saturating_sub(1);
+        binding.idle_since = now;
     }
 
     /// Drops a binding (failure to select or dispatch).
@@ -107,6 +129,8 @@ impl Sessions {
             }
             Some(_) => {}
             None => {
+                let generation = self.next_generation;
+                self.next_generation += 1;
                 self.map.insert(
                     id.to_string(),
                     Binding {
@@ -115,6 +139,7 @@ impl Sessions {
                         inflight: 0,
                         idle_since: now,
                         ttl,
+                        generation,
                     },
                 );
             }
@@ -143,12 +168,12 @@ mod tests {
     fn in_flight_requests_block_expiry_and_idle_timer_restarts() {
         let s = Duration::from_secs;
         let mut sessions = Sessions::default();
-        sessions.acquire("a", W1, SessionAffinityMode::Hard, s(10), s(0));
+        let hold = sessions.acquire("a", W1, SessionAffinityMode::Hard, s(10), s(0));
         assert!(
             sessions.live("a", s(100)).is_some(),
             "in flight: never expires"
         );
-        sessions.release("a", s(100), false);
+        sessions.release(&hold, s(100), false);
         assert!(sessions.live("a", s(109)).is_some());
         assert!(sessions.live("a", s(110)).is_none());
         assert_eq!(sessions.len(), 0);
@@ -158,8 +183,8 @@ mod tests {
     fn failures_and_departures_drop_bindings() {
         let s = Duration::from_secs;
         let mut sessions = Sessions::default();
-        sessions.acquire("a", W1, SessionAffinityMode::Hard, s(10), s(0));
-        sessions.release("a", s(1), true);
+        let hold = sessions.acquire("a", W1, SessionAffinityMode::Hard, s(10), s(0));
+        sessions.release(&hold, s(1), true);
         assert!(sessions.live("a", s(1)).is_none());
         sessions.acquire("b", W2, SessionAffinityMode::Soft, s(10), s(0));
         sessions.remove_worker(2);
@@ -176,5 +201,24 @@ mod tests {
         sessions.apply_remote("a", W1, SessionAffinityMode::Hard, s(10), s(8));
         assert!(sessions.live("a", s(17)).is_some(), "refreshed at 8");
         assert!(sessions.live("a", s(18)).is_none());
+    }
+
+    #[test]
+    fn a_request_of_an_earlier_binding_leaves_the_current_one_alone() {
+        let s = Duration::from_secs;
+        let mut sessions = Sessions::default();
+        let first = sessions.acquire("a", W1, SessionAffinityMode::Hard, s(10), s(0));
+        let failed = sessions.acquire("a", W1, SessionAffinityMode::Hard, s(10), s(0));
+        assert_eq!(first, failed, "one binding, two holds");
+        sessions.remove("a"); // a selection failed: the binding goes
+        let current = sessions.acquire("a", W2, SessionAffinityMode::Hard, s(10), s(1));
+        assert_ne!(current.generation, first.generation);
+        // The first binding's requests end (one of them failing): the new binding keeps its
+        // request in flight and its target.
+        sessions.release(&first, s(2), false);
+        sessions.release(&failed, s(2), true);
+        assert_eq!(sessions.live("a", s(100)).map(|b| b.target), Some(W2));
+        sessions.release(&current, s(100), false);
+        assert!(sessions.live("a", s(110)).is_none());
     }
 }

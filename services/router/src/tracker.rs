@@ -18,6 +18,7 @@ use std::time::Duration;
 use kvmesh_kv::WorkerKey;
 
 use crate::rng::Rng;
+use crate::session::SessionHold;
 
 /// Longest sequence (prompt + generated tokens) whose output blocks are tracked. Token counts
 /// arrive in callers' reports; past any real context length they only cost memory.
@@ -90,8 +91,8 @@ pub(crate) struct ActiveRequest {
     /// Expected output length when the request's exclusive blocks decay (output tracking on).
     pub osl: Option<u32>,
     pub started_at: Duration,
-    /// Session the request holds a binding reference on (local requests only).
-    pub session: Option<String>,
+    /// Session binding the request holds a reference on (local requests only).
+    pub session: Option<SessionHold>,
 }
 
 /// What to track for a new request.
@@ -103,7 +104,7 @@ pub(crate) struct TrackAdd {
     pub isl: u64,
     pub osl: Option<u32>,
     pub started_at: Duration,
-    pub session: Option<String>,
+    pub session: Option<SessionHold>,
 }
 
 /// Load of one (worker, dp_rank).

@@ -379,3 +379,34 @@ fn a_removed_worker_releases_the_sessions_its_requests_held() {
     core.tick(s(200)); // idle since 2 with TTL 10 s, and a sweep is due
     assert_eq!(core.num_sessions(), 0);
 }
+
+#[test]
+fn a_request_of_a_dropped_binding_does_not_release_the_next_one() {
+    let mut core = core(
+        &[
+            "--router-session-affinity-ttl-secs",
+            "10",
+            "--router-mode",
+            "kv",
+        ],
+        &[1, 2],
+    );
+    core.set_busy_thresholds(BusyThresholds {
+        active_prefill_tokens_threshold: Some(0),
+        ..BusyThresholds::default()
+    });
+    let first = route_session(&mut core, "a", "s", 0).unwrap(); // its prefill makes it busy
+    assert_eq!(
+        route_session(&mut core, "b", "s", 0),
+        Err(RouteError::Overloaded),
+        "hard binding to a busy worker"
+    );
+    // The failure dropped the binding; c binds the session anew, elsewhere.
+    assert_ne!(route_session(&mut core, "c", "s", 0).unwrap(), first);
+    assert!(core.free("a", TerminalPath::Completed, s(1)));
+    core.tick(s(200)); // c is still running: its binding must not expire
+    assert_eq!(core.num_sessions(), 1);
+    assert!(core.free("c", TerminalPath::Completed, s(200)));
+    core.tick(s(400));
+    assert_eq!(core.num_sessions(), 0);
+}

@@ -62,6 +62,7 @@ impl RouterCore {
     /// parked requests go if capacity allows. Routing calls it too; a service also calls it
     /// periodically so an idle router still expires.
     pub fn tick(&mut self, now: Duration) {
+        self.clock = self.clock.max(now);
         if now >= self.next_sweep {
             self.next_sweep = now + EXPIRY_SWEEP_INTERVAL;
             let cutoff = now.saturating_sub(self.config.kv.active_request_expiry);
@@ -182,13 +183,19 @@ impl RouterCore {
         path: TerminalPath,
         now: Duration,
     ) {
-        let Some(session) = &request.session else {
+        let Some(hold) = &request.session else {
             return;
         };
-        self.sessions.release(session, now, path.drops_session());
-        if !path.drops_session() {
+        let is_current = self
+            .sessions
+            .live(&hold.id, now)
+            .is_some_and(|binding| binding.generation == hold.generation);
+        self.sessions.release(hold, now, path.drops_session());
+        // Only the binding that still stands is announced again: re-announcing a dropped one
+        // would make the replicas keep it until their TTL.
+        if is_current && !path.drops_session() {
             let kind = SyncKind::SessionBind {
-                session_id: session.clone(),
+                session_id: hold.id.clone(),
             };
             self.emit(key, request.worker, kind);
         }

@@ -186,10 +186,10 @@ impl RouterCore {
             self.release_session(&key, &previous, TerminalPath::Cancelled, now);
             self.emit(&key, previous.worker, SyncKind::Free);
         }
-        let session = plan.session.as_ref().map(|s| {
-            self.sessions.acquire(&s.id, chosen, s.mode, s.ttl, now);
-            s.id.clone()
-        });
+        let session = plan
+            .session
+            .as_ref()
+            .map(|s| self.sessions.acquire(&s.id, chosen, s.mode, s.ttl, now));
         self.emit(
             &key,
             chosen,
@@ -202,12 +202,12 @@ impl RouterCore {
                 lora_name: prepared.lora_name.clone(),
             },
         );
-        if let Some(session_id) = &session {
+        if let Some(hold) = &session {
             self.emit(
                 &key,
                 chosen,
                 SyncKind::SessionBind {
-                    session_id: session_id.clone(),
+                    session_id: hold.id.clone(),
                 },
             );
         }
