@@ -191,10 +191,13 @@ pub async fn run(
 
     let lease_lost: Vec<CancellationToken> =
         registrations.iter().map(|(d, _)| d.lease_lost()).collect();
+    // Any one worker's lease is enough: a worker left unregistered must not keep serving.
     let lost = async {
-        for token in &lease_lost {
-            token.cancelled().await;
+        if lease_lost.is_empty() {
+            return std::future::pending().await;
         }
+        futures::future::select_all(lease_lost.iter().map(|token| Box::pin(token.cancelled())))
+            .await;
     };
     let mut lease_failed = false;
     tokio::select! {
