@@ -149,6 +149,7 @@ def test_bridge_republishes_vllm_events(engine_binds):
     else:  # vLLM with `tcp://127.0.0.1:P` connects, so the bridge binds
         args.append("--zmq-bind")
     # Discovery is unused; any backend but mem selects the NATS event plane.
+    floor = (time.time_ns() // 1_000_000) << 16
     bridge = Proc("kv-bridge", args, {"NATS_SERVER": nats_server, "DYN_DISCOVERY_BACKEND": "etcd"})
     try:
         wait_until(lambda: bridge.alive() and metrics(metrics_port), timeout=30, what="bridge metrics")
@@ -188,7 +189,11 @@ def test_bridge_republishes_vllm_events(engine_binds):
         expected_kinds = ["cleared", "stored", "stored", "removed", "removed", "stored", "cleared"]
         batches = read_batches(namespace, len(expected_kinds))
         events = [e for _, batch in batches for e in batch.events]
-        assert [e.event_id for e in events] == list(range(len(expected_kinds))), "gap-free ids from 0"
+        ids = [e.event_id for e in events]
+        # A worker without earlier ids starts at the clock's floor (ms since the epoch << 16), then
+        # counts without gaps.
+        assert ids[0] >= floor, (ids, floor)
+        assert ids == list(range(ids[0], ids[0] + len(expected_kinds))), "gap-free ids"
         assert [e.WhichOneof("kind") for e in events] == expected_kinds
         subject = f"kvmesh.{namespace}.kv.Qwen~2FQwen3-0~2E6B.{partition(worker_id)}"
         for got_subject, batch in batches:

@@ -40,6 +40,8 @@ pub struct KvEventPublisher {
     subject: String,
     worker_id: u64,
     next_event_id: HashMap<u32, u64>,
+    /// Where a dp rank without an entry in `next_event_id` starts.
+    first_event_id: u64,
 }
 
 impl KvEventPublisher {
@@ -56,12 +58,25 @@ impl KvEventPublisher {
             subject: subject.into(),
             worker_id,
             next_event_id,
+            first_event_id: 0,
         }
+    }
+
+    /// Starts dp ranks that `next_event_id` does not know at `first_event_id` instead of 0: a
+    /// publisher that speaks for one worker across restarts (the engine bridge) takes a floor no
+    /// earlier run reached, so its ids never repeat even when the earlier ones could not be read
+    /// back.
+    pub fn with_first_event_id(mut self, first_event_id: u64) -> Self {
+        self.first_event_id = first_event_id;
+        self
     }
 
     /// The id the next event of `dp_rank` gets.
     pub fn next_event_id(&self, dp_rank: u32) -> u64 {
-        self.next_event_id.get(&dp_rank).copied().unwrap_or(0)
+        self.next_event_id
+            .get(&dp_rank)
+            .copied()
+            .unwrap_or(self.first_event_id)
     }
 
     /// Numbers `events` (in order, replacing their ids) and publishes them for `dp_rank`,
@@ -72,7 +87,10 @@ impl KvEventPublisher {
         mut events: Vec<KvEvent>,
         abort: &CancellationToken,
     ) -> Result<PublishStats, PublishAborted> {
-        let next = self.next_event_id.entry(dp_rank).or_insert(0);
+        let next = self
+            .next_event_id
+            .entry(dp_rank)
+            .or_insert(self.first_event_id);
         for event in &mut events {
             event.event_id = *next;
             *next += 1;
@@ -213,6 +231,20 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(msg_id(&batch), "00000000000000ab-3-42");
+    }
+
+    #[test]
+    fn a_first_event_id_starts_the_ranks_not_resumed() {
+        let publisher = KvEventPublisher::new(
+            Arc::new(MemEventPlane::new()),
+            "kv.m.0",
+            5,
+            HashMap::from([(1, 10), (2, 5000)]),
+        )
+        .with_first_event_id(1000);
+        assert_eq!(publisher.next_event_id(0), 1000, "a rank never seen");
+        assert_eq!(publisher.next_event_id(1), 10, "a known rank continues");
+        assert_eq!(publisher.next_event_id(2), 5000);
     }
 
     #[tokio::test]

@@ -119,7 +119,7 @@ pub async fn run_with(
         {
             Ok(next) => next,
             Err(error) => {
-                tracing::warn!(%error, "cannot read earlier event ids, starting from 0");
+                tracing::warn!(%error, "cannot read earlier event ids, starting above them by the clock");
                 HashMap::new()
             }
         }

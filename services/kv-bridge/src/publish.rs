@@ -54,7 +54,8 @@ pub async fn run_publisher(
         target.subject.clone(),
         target.worker_id,
         next_event_id,
-    );
+    )
+    .with_first_event_id(restart_floor());
     while let Some(first) = events_rx.recv().await {
         // Coalesce whatever is already queued, per rank, keeping each rank's order.
         let mut pending: BTreeMap<u32, Vec<KvEvent>> = BTreeMap::new();
@@ -74,6 +75,19 @@ pub async fn run_publisher(
             }
         }
     }
+}
+
+/// Where a dp rank starts when no earlier id of it could be read back: milliseconds since the
+/// Unix epoch times 2^16, above every id of an earlier run that published fewer than 65 536
+/// events per millisecond since it started. The bridge speaks for one worker id across
+/// restarts, and an id at or below one the indexer already applied is skipped as a duplicate;
+/// earlier ids are not always there to read (aged out of the stream, a failed scan), and the
+/// jump shows in the indexer as a counted gap.
+pub fn restart_floor() -> u64 {
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    millis.saturating_mul(1 << 16)
 }
 
 /// Finds the next event id per dp rank from what this worker already published in the stream,

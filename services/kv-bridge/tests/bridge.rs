@@ -188,6 +188,7 @@ async fn republishes_vllm_frames_with_gap_free_ids() {
         .unwrap();
     let events = Arc::new(MemEventPlane::new());
     let endpoint = format!("tcp://127.0.0.1:{port}");
+    let floor = kvmesh_kv_bridge::publish::restart_floor();
     let bridge = Bridge::start(events.clone(), &["--zmq-endpoint", &endpoint]);
     let seq = handshake(&mut publisher, &bridge).await;
     let mut messages = stream(&events).await;
@@ -216,7 +217,9 @@ async fn republishes_vllm_frames_with_gap_free_ids() {
 
     let got = read_events(&mut messages, 4).await;
     let ids: Vec<u64> = got.iter().map(|e| e.event_id).collect();
-    assert_eq!(ids, [0, 1, 2, 3]);
+    // A worker without earlier ids starts at the clock's floor, then counts without gaps.
+    assert!(ids[0] >= floor, "{ids:?} from {floor}");
+    assert_eq!(ids, (ids[0]..ids[0] + 4).collect::<Vec<_>>());
     let hashes = compute_block_hashes(&tokens, 4, 1337);
     match kind(&got[0]) {
         kv_event::Kind::Stored(s) => {
@@ -287,6 +290,7 @@ async fn bound_socket_with_replay_fills_gaps_and_ids_resume_after_restart() {
     let endpoint = format!("tcp://127.0.0.1:{port}");
     let replay_endpoint = format!("tcp://127.0.0.1:{replay_port}");
     // The engine connects (vLLM with a tcp://HOST:PORT endpoint), so the bridge binds.
+    let floor = kvmesh_kv_bridge::publish::restart_floor();
     let bridge = Bridge::start(
         events.clone(),
         &[
@@ -327,9 +331,11 @@ async fn bound_socket_with_replay_fills_gaps_and_ids_resume_after_restart() {
 
     let mut messages = stream(&events).await;
     let got = read_events(&mut messages, 3).await;
+    let first = got[0].event_id;
+    assert!(first >= floor);
     assert_eq!(
         got.iter().map(|e| e.event_id).collect::<Vec<_>>(),
-        [0, 1, 2]
+        [first, first + 1, first + 2]
     );
     assert!(matches!(kind(&got[0]), kv_event::Kind::Stored(s) if s.blocks[0].block_hash == 200));
     assert!(matches!(kind(&got[1]), kv_event::Kind::Stored(s) if s.parent_hash == Some(200)));
@@ -352,6 +358,6 @@ async fn bound_socket_with_replay_fills_gaps_and_ids_resume_after_restart() {
         .await
         .unwrap();
     let got = read_events(&mut messages, 1).await;
-    assert_eq!(got[0].event_id, 3);
+    assert_eq!(got[0].event_id, first + 3);
     bridge.stop().await;
 }
