@@ -9,6 +9,10 @@ use crate::tokenizer::Tokenizer;
 /// real left context (SentencePiece drops a leading space when a token is decoded alone).
 const PROMPT_CONTEXT_TOKENS: usize = 5;
 
+/// Tokens in a row that add no text after which the window moves on (a character takes at most
+/// four byte tokens).
+const MAX_SILENT_TOKENS: usize = 8;
+
 /// Once this many already-emitted tokens sit before the window, they are dropped.
 const COMPACT_AFTER: usize = 256;
 
@@ -67,10 +71,31 @@ impl Detokenizer {
 
     /// Feeds several tokens at once; returns the newly completed text.
     pub fn push_all(&mut self, ids: &[u32]) -> Result<String, LlmError> {
-        self.ids.extend_from_slice(ids);
+        if self.skip_special_tokens {
+            // Tokens that decode to nothing would only lengthen the window every later step
+            // decodes again (a run of ignored EOS tokens made that quadratic).
+            let special = self.tokenizer.special_token_ids();
+            self.ids.extend(
+                ids.iter()
+                    .filter(|id| special.binary_search(id).is_err())
+                    .copied(),
+            );
+        } else {
+            self.ids.extend_from_slice(ids);
+        }
         let prefix_text = self.decode(self.prefix_offset, self.read_offset)?;
         let new_text = self.decode(self.prefix_offset, self.ids.len())?;
-        if new_text.len() <= prefix_text.len() || new_text.ends_with('\u{FFFD}') {
+        if new_text.len() <= prefix_text.len() {
+            // Nothing new: once a run of such tokens is longer than any character's bytes, step
+            // past it, so the window stays short whatever the tokens are.
+            if self.ids.len() - self.read_offset > MAX_SILENT_TOKENS {
+                self.prefix_offset = self.read_offset;
+                self.read_offset = self.ids.len();
+                self.compact();
+            }
+            return Ok(String::new());
+        }
+        if new_text.ends_with('\u{FFFD}') {
             return Ok(String::new());
         }
         let Some(delta) = suffix_after(&new_text, &prefix_text) else {
@@ -133,5 +158,37 @@ mod tests {
         assert_eq!(suffix_after("héllo", "hé"), Some("llo"));
         assert_eq!(suffix_after("é", "x"), None);
         assert_eq!(suffix_after("abc", "xy"), Some("c"));
+    }
+
+    fn tiny() -> Arc<Tokenizer> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny");
+        Arc::new(Tokenizer::from_file(dir.join("tokenizer.json")).unwrap())
+    }
+
+    #[test]
+    fn tokens_that_add_no_text_do_not_grow_the_window() {
+        let tokenizer = tiny();
+        let mut detokenizer = Detokenizer::new(tokenizer.clone(), true);
+        let mut text = detokenizer
+            .push_all(&tokenizer.encode("Hello", false).unwrap())
+            .unwrap();
+        let special = tokenizer.special_token_ids()[0];
+        for _ in 0..10_000 {
+            text += &detokenizer.push(special).unwrap();
+        }
+        assert!(
+            detokenizer.ids.len() < 64,
+            "window of {} ids",
+            detokenizer.ids.len()
+        );
+        text += &detokenizer
+            .push_all(&tokenizer.encode(" world", false).unwrap())
+            .unwrap();
+        text += &detokenizer.finish().unwrap();
+        assert_eq!(text, "Hello world");
+        // Kept when asked for: special tokens then count as text.
+        let mut keeping = Detokenizer::new(tokenizer.clone(), false);
+        let kept = keeping.push(special).unwrap() + &keeping.finish().unwrap();
+        assert!(!kept.is_empty());
     }
 }
