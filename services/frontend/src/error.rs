@@ -97,10 +97,26 @@ impl FrontendError {
         }
     }
 
+    /// Whether the message carries detail that must stay in the logs: a worker's internal
+    /// failure can say anything (a traceback, a transport error naming hosts).
+    pub(crate) fn is_private(&self) -> bool {
+        matches!(
+            self,
+            Self::Worker {
+                code: ErrorCode::Internal,
+                ..
+            }
+        )
+    }
+
     /// The OpenAI error body: `{"error":{message,type,param,code}, message, type, code}`.
     pub fn body(&self) -> serde_json::Value {
         let code = self.code();
-        let message = self.to_string();
+        let message = if self.is_private() {
+            "the worker failed while serving the request".to_string()
+        } else {
+            self.to_string()
+        };
         let kind = code.openai_type();
         let param = match self {
             Self::InvalidRequest { param, .. } => param.clone(),
@@ -119,6 +135,9 @@ impl FrontendError {
     pub fn into_response_with(self, overload_status: u16) -> Response {
         if let Self::Internal(detail) = &self {
             tracing::error!(detail = %detail, "internal error");
+        }
+        if self.is_private() {
+            tracing::error!(error = %self, "worker failure");
         }
         let status = StatusCode::from_u16(self.code().http_status(overload_status))
             .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -193,5 +212,24 @@ mod tests {
     fn internal_errors_hide_details() {
         let body = FrontendError::Internal("secret path /etc".into()).body();
         assert_eq!(body["error"]["message"], "internal error");
+        let worker = FrontendError::Worker {
+            code: ErrorCode::Internal,
+            message: "Traceback (most recent call last): File \"/opt/engine.py\"".into(),
+        };
+        let message = worker.body()["error"]["message"].to_string();
+        assert!(
+            !message.contains("Traceback") && !message.contains("/opt"),
+            "{message}"
+        );
+        // A worker's verdict on the request itself is the client's to read.
+        let rejected = FrontendError::Worker {
+            code: ErrorCode::InvalidArgument,
+            message: "prompt is longer than the KV pool".into(),
+        };
+        assert!(
+            rejected.body()["error"]["message"]
+                .to_string()
+                .contains("KV pool")
+        );
     }
 }

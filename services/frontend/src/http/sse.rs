@@ -33,6 +33,9 @@ pub fn data_event<T: Serialize>(value: &T) -> Bytes {
 
 /// Frames an error after the stream has started: `data: {"error":{...}}`, no `[DONE]` follows.
 pub fn error_event(error: &FrontendError) -> Bytes {
+    if error.is_private() {
+        tracing::error!(%error, "worker failure mid-stream");
+    }
     let body = error.body();
     data_event(&serde_json::json!({"error": body["error"]}))
 }
