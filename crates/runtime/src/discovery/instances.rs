@@ -48,15 +48,21 @@ impl<T: Clone + Send + Sync + 'static> InstanceList<T> {
                 };
                 match event {
                     Some(WatchEvent::Put { key, value }) => {
+                        // A key rewritten with a record that cannot be used no longer names the
+                        // instance it named before: its old entry goes.
                         match serde_json::from_slice::<InstanceRecord>(&value) {
                             Ok(record) => match map(&record) {
                                 Some(item) => {
                                     known.insert(key, item);
                                 }
-                                None => tracing::warn!(%key, what, "unusable instance record"),
+                                None => {
+                                    tracing::warn!(%key, what, "unusable instance record");
+                                    known.remove(&key);
+                                }
                             },
                             Err(error) => {
-                                tracing::warn!(%key, %error, what, "undecodable instance record")
+                                tracing::warn!(%key, %error, what, "undecodable instance record");
+                                known.remove(&key);
                             }
                         }
                     }
@@ -147,6 +153,31 @@ mod tests {
         };
         assert!(wait(1).await);
         assert_eq!(*list.load(), vec!["a:1".to_string()]);
+        // Rewritten with a record the mapping rejects, then with one that does not decode: the
+        // entry the key held goes each time.
+        writer
+            .put("/kvmesh/ns/instances/router/route/1", record("").into())
+            .await
+            .unwrap();
+        assert!(wait(0).await);
+        writer
+            .put("/kvmesh/ns/instances/router/route/1", record("a:2").into())
+            .await
+            .unwrap();
+        assert!(wait(1).await);
+        writer
+            .put(
+                "/kvmesh/ns/instances/router/route/1",
+                b"not json".to_vec().into(),
+            )
+            .await
+            .unwrap();
+        assert!(wait(0).await);
+        writer
+            .put("/kvmesh/ns/instances/router/route/1", record("a:1").into())
+            .await
+            .unwrap();
+        assert!(wait(1).await);
         writer
             .delete("/kvmesh/ns/instances/router/route/1")
             .await
