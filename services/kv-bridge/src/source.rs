@@ -8,6 +8,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use zeromq::{DealerSocket, Socket, SocketOptions, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
+use kvmesh_proto::v1::{KvCleared, KvEvent, StorageTier, kv_event};
+
 use crate::convert::Converter;
 use crate::metrics::BridgeMetrics;
 use crate::publish::RankEvents;
@@ -224,8 +226,25 @@ pub async fn run_source(
                 tracing::warn!(
                     seq = frames.seq,
                     dp_rank = config.dp_rank,
-                    "engine kv sequence went backwards"
+                    "engine kv sequence went backwards: the engine restarted, its cache is gone"
                 );
+                // Nothing the engine stored before survives its restart: without a clear the
+                // index would keep promising those blocks.
+                let cleared = RankEvents {
+                    dp_rank: config.dp_rank,
+                    events: vec![KvEvent {
+                        event_id: 0,
+                        tier: StorageTier::Device as i32,
+                        kind: Some(kv_event::Kind::Cleared(KvCleared {})),
+                    }],
+                };
+                let sent = tokio::select! {
+                    _ = shutdown.cancelled() => false,
+                    sent = events_tx.send(cleared) => sent.is_ok(),
+                };
+                if !sent {
+                    return;
+                }
             }
             SeqStep::Gap { from, missing } => {
                 let recovered = match &config.replay_endpoint {

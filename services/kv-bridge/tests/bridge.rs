@@ -361,3 +361,43 @@ async fn bound_socket_with_replay_fills_gaps_and_ids_resume_after_restart() {
     assert_eq!(got[0].event_id, first + 3);
     bridge.stop().await;
 }
+
+/// An engine that restarts starts its sequence over: what it stored before is gone, so the
+/// bridge clears the rank before the restarted engine's first events.
+#[tokio::test]
+async fn an_engine_restart_clears_the_rank() {
+    let port = free_port();
+    let endpoint = format!("tcp://127.0.0.1:{port}");
+    let mut publisher = PubSocket::new();
+    publisher.bind(&endpoint).await.unwrap();
+    let events = Arc::new(MemEventPlane::new());
+    let bridge = Bridge::start(events.clone(), &["--zmq-endpoint", &endpoint]);
+    let seq = handshake(&mut publisher, &bridge).await;
+    let mut messages = stream(&events).await;
+    let tokens: Vec<u32> = (1..=8).collect();
+    publisher
+        .send(frames(
+            seq,
+            batch(vec![stored(&[300], None, &tokens[..4], 0)]),
+        ))
+        .await
+        .unwrap();
+    publisher
+        .send(frames(
+            0,
+            batch(vec![stored(&[400], None, &tokens[4..], 0)]),
+        ))
+        .await
+        .unwrap();
+    let got = read_events(&mut messages, 3).await;
+    assert!(matches!(kind(&got[0]), kv_event::Kind::Stored(s) if s.blocks[0].block_hash == 300));
+    assert!(matches!(kind(&got[1]), kv_event::Kind::Cleared(_)));
+    assert!(matches!(kind(&got[2]), kv_event::Kind::Stored(s) if s.blocks[0].block_hash == 400));
+    let first = got[0].event_id;
+    assert_eq!(
+        got.iter().map(|e| e.event_id).collect::<Vec<_>>(),
+        [first, first + 1, first + 2]
+    );
+    assert_eq!(bridge.metrics.zmq_seq_resets.get(), 1);
+    bridge.stop().await;
+}
