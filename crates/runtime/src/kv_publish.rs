@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use kvmesh_proto::v1::{KvEvent, KvEventBatch};
+use kvmesh_proto::v1::{KvEvent, KvEventBatch, KvRemoved, KvStored, kv_event};
 use prost::Message;
 use tokio_util::sync::CancellationToken;
 
@@ -17,6 +17,14 @@ use crate::event_plane::EventPlane;
 
 /// Largest KV event batch published in one message (spec: under 512 KiB).
 pub const MAX_BATCH_BYTES: usize = 512 * 1024;
+
+/// Largest encoding of one event: a bigger one (a stored chain of tens of thousands of blocks) is
+/// split into several, so that every batch fits a message and none is refused for good.
+pub const MAX_EVENT_BYTES: usize = MAX_BATCH_BYTES / 4;
+
+/// Bytes an event's fields other than its blocks or hashes take, at most (ids, tier, parent,
+/// position, tags and length prefixes).
+const EVENT_OVERHEAD: usize = 64;
 
 /// What one [`KvEventPublisher::publish`] call did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -84,9 +92,10 @@ impl KvEventPublisher {
     pub async fn publish(
         &mut self,
         dp_rank: u32,
-        mut events: Vec<KvEvent>,
+        events: Vec<KvEvent>,
         abort: &CancellationToken,
     ) -> Result<PublishStats, PublishAborted> {
+        let mut events = split_large_events(events, MAX_EVENT_BYTES);
         let next = self
             .next_event_id
             .entry(dp_rank)
@@ -136,6 +145,69 @@ impl KvEventPublisher {
             }
         }
     }
+}
+
+/// Splits every event whose encoding is over `max_bytes` into consecutive events of the same
+/// meaning: a stored chain into chained parts (each part's parent is the previous part's last
+/// block), a removal into removals of fewer blocks. Other events pass unchanged, in order.
+pub fn split_large_events(events: Vec<KvEvent>, max_bytes: usize) -> Vec<KvEvent> {
+    let mut out = Vec::with_capacity(events.len());
+    for event in events {
+        let size = event.encoded_len();
+        if size <= max_bytes {
+            out.push(event);
+            continue;
+        }
+        let tier = event.tier;
+        match event.kind {
+            Some(kv_event::Kind::Stored(stored)) => {
+                // The largest block with its field tag and length prefix, against the budget
+                // less what the event's other fields take.
+                let per_block = stored
+                    .blocks
+                    .iter()
+                    .map(|block| block.encoded_len() + 3)
+                    .max()
+                    .unwrap_or(1);
+                let per_part = (max_bytes.saturating_sub(EVENT_OVERHEAD) / per_block).max(1);
+                let mut parent_hash = stored.parent_hash;
+                let mut position = stored.start_position;
+                for blocks in stored.blocks.chunks(per_part) {
+                    let next_parent = blocks.last().map(|block| block.block_hash);
+                    out.push(KvEvent {
+                        event_id: 0,
+                        tier,
+                        kind: Some(kv_event::Kind::Stored(KvStored {
+                            parent_hash,
+                            blocks: blocks.to_vec(),
+                            start_position: position,
+                        })),
+                    });
+                    parent_hash = next_parent;
+                    position = position.map(|p| p.saturating_add(blocks.len() as u32));
+                }
+            }
+            Some(kv_event::Kind::Removed(removed)) => {
+                // Packed varints: a hash takes at most 10 bytes.
+                let per_part = (max_bytes.saturating_sub(EVENT_OVERHEAD) / 10).max(1);
+                for hashes in removed.block_hashes.chunks(per_part) {
+                    out.push(KvEvent {
+                        event_id: 0,
+                        tier,
+                        kind: Some(kv_event::Kind::Removed(KvRemoved {
+                            block_hashes: hashes.to_vec(),
+                        })),
+                    });
+                }
+            }
+            kind => out.push(KvEvent {
+                event_id: event.event_id,
+                tier,
+                kind,
+            }),
+        }
+    }
+    out
 }
 
 /// Splits a rank's events into batches whose encoding stays under [`MAX_BATCH_BYTES`].
@@ -231,6 +303,70 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(msg_id(&batch), "00000000000000ab-3-42");
+    }
+
+    #[test]
+    fn oversized_events_split_into_chained_parts() {
+        use kvmesh_proto::v1::KvStoredBlock;
+        let blocks: Vec<KvStoredBlock> = (1..=5000u64)
+            .map(|b| KvStoredBlock {
+                block_hash: b * 1_000_003,
+                tokens_hash: b,
+                mm_hashes: vec![],
+            })
+            .collect();
+        let stored = KvEvent {
+            event_id: 0,
+            tier: 1,
+            kind: Some(kv_event::Kind::Stored(KvStored {
+                parent_hash: Some(7),
+                blocks: blocks.clone(),
+                start_position: Some(3),
+            })),
+        };
+        let removed = KvEvent {
+            event_id: 0,
+            tier: 1,
+            kind: Some(kv_event::Kind::Removed(KvRemoved {
+                block_hashes: (1..=5000u64).map(|b| b << 40).collect(),
+            })),
+        };
+        let small = KvEvent {
+            event_id: 0,
+            tier: 1,
+            kind: Some(kv_event::Kind::Removed(KvRemoved {
+                block_hashes: vec![9],
+            })),
+        };
+        let parts = split_large_events(vec![stored, small.clone(), removed], 4096);
+        assert!(parts.iter().all(|e| e.encoded_len() <= 4096));
+        let mut stored_blocks = Vec::new();
+        let mut expected_parent = Some(7);
+        let mut expected_position = Some(3);
+        let mut removed_hashes: Vec<u64> = Vec::new();
+        let mut saw_small = false;
+        for part in &parts {
+            assert_eq!(part.tier, 1);
+            match part.kind.as_ref() {
+                Some(kv_event::Kind::Stored(s)) => {
+                    assert!(removed_hashes.is_empty() && !saw_small, "order kept");
+                    assert_eq!(s.parent_hash, expected_parent);
+                    assert_eq!(s.start_position, expected_position);
+                    expected_parent = s.blocks.last().map(|b| b.block_hash);
+                    expected_position = expected_position.map(|p| p + s.blocks.len() as u32);
+                    stored_blocks.extend(s.blocks.iter().cloned());
+                }
+                Some(kv_event::Kind::Removed(r)) if r.block_hashes == [9] => saw_small = true,
+                Some(kv_event::Kind::Removed(r)) => removed_hashes.extend(r.block_hashes.iter()),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert!(saw_small);
+        assert_eq!(stored_blocks, blocks);
+        assert_eq!(
+            removed_hashes,
+            (1..=5000u64).map(|b| b << 40).collect::<Vec<_>>()
+        );
     }
 
     #[test]
