@@ -196,6 +196,83 @@ async fn etcd_lease_revoked_elsewhere_is_lease_lost() -> Result<()> {
     Ok(())
 }
 
+/// etcd only: an etcd that restarts after being down for longer than the lease TTL still holds
+/// the lease (it renews every lease when it comes back), so the process keeps its registration
+/// instead of giving up while etcd was unreachable. Runs a private etcd it can kill.
+#[tokio::test]
+async fn etcd_down_longer_than_the_ttl_then_back_keeps_the_lease() -> Result<()> {
+    if etcd_endpoints().is_none() {
+        return Ok(());
+    }
+    let free_port = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map(|address| address.port())
+            .map_err(|e| Error::Discovery(e.to_string()))
+    };
+    let (client_port, peer_port) = (free_port()?, free_port()?);
+    let data = std::env::temp_dir().join(format!("kvmesh-etcd-restart-{}", std::process::id()));
+    let start = || {
+        tokio::process::Command::new("etcd")
+            .arg("--data-dir")
+            .arg(&data)
+            .args([
+                "--name",
+                "restart",
+                "--listen-client-urls",
+                &format!("http://127.0.0.1:{client_port}"),
+                "--advertise-client-urls",
+                &format!("http://127.0.0.1:{client_port}"),
+                "--listen-peer-urls",
+                &format!("http://127.0.0.1:{peer_port}"),
+                "--initial-advertise-peer-urls",
+                &format!("http://127.0.0.1:{peer_port}"),
+                "--initial-cluster",
+                &format!("restart=http://127.0.0.1:{peer_port}"),
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| Error::Discovery(format!("etcd must be installed: {e}")))
+    };
+    let endpoints = vec![format!("http://127.0.0.1:{client_port}")];
+    let mut etcd = start()?;
+    let discovery = loop {
+        match EtcdDiscovery::connect_with_ttl(&endpoints, Duration::from_secs(2)).await {
+            Ok(discovery) => break discovery,
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
+    discovery
+        .put("/restart/k", Bytes::from_static(b"v"))
+        .await?;
+    let _ = etcd.start_kill();
+    let _ = etcd.wait().await;
+    tokio::time::sleep(Duration::from_secs(5)).await; // 2.5 TTLs without etcd
+    let _etcd = start()?;
+    // Back: the lease was renewed by the restart and the keep-alive resumes on it.
+    let listed = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            if let Ok(entries) = discovery.list("/restart/").await {
+                return entries;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await
+    .map_err(|_| Error::Discovery("etcd did not come back".into()))?;
+    assert_eq!(listed.len(), 1, "the key of the live lease is still there");
+    tokio::time::sleep(Duration::from_secs(5)).await; // more than a TTL of keep-alives
+    assert!(
+        !discovery.lease_lost().is_cancelled(),
+        "the lease was given up"
+    );
+    assert_eq!(discovery.list("/restart/").await?.len(), 1);
+    let _ = std::fs::remove_dir_all(&data);
+    Ok(())
+}
+
 /// Two file handles on one root: the watcher sees a value written by the other "process" even
 /// when the file changes in place several times between scans.
 #[tokio::test]

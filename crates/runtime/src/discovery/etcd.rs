@@ -136,8 +136,9 @@ impl Drop for EtcdDiscovery {
     }
 }
 
-/// Keeps the lease alive every TTL/3; cancels `lost` once the lease is gone for good (etcd
-/// says it expired, or no keep-alive got through for a whole TTL).
+/// Keeps the lease alive every TTL/3; cancels `lost` once etcd says the lease is gone (not
+/// found, or renewed with a TTL of 0). An etcd that cannot be reached is asked again, however
+/// long: a restarted etcd renews every lease it held.
 async fn keep_alive(client: Client, lease_id: i64, ttl: Duration, lost: CancellationToken) {
     let period = (ttl / 3).max(Duration::from_millis(300));
     let mut last_ok = Instant::now();
@@ -182,12 +183,14 @@ async fn keep_alive(client: Client, lease_id: i64, ttl: Duration, lost: Cancella
                 return;
             }
             Err(error) => {
+                // Unreachable is not expired: etcd renews every lease when it restarts or elects a
+                // leader, so only its answer (lease not found, or a TTL of 0) ends the
+                // registration. Until then the process keeps serving and keeps asking.
                 session = None;
-                tracing::warn!(lease_id = %format_args!("{lease_id:x}"), error = %error, "etcd keep-alive failed");
                 if last_ok.elapsed() >= ttl {
-                    tracing::error!(lease_id = %format_args!("{lease_id:x}"), "no keep-alive for a whole ttl, lease lost");
-                    lost.cancel();
-                    return;
+                    tracing::error!(lease_id = %format_args!("{lease_id:x}"), error = %error, unreachable_for = ?last_ok.elapsed(), "etcd unreachable for longer than the lease ttl; still trying");
+                } else {
+                    tracing::warn!(lease_id = %format_args!("{lease_id:x}"), error = %error, "etcd keep-alive failed");
                 }
             }
         }
