@@ -336,14 +336,14 @@ def test_http_client_gone_while_queued_leaves_no_load(queue_mesh):
             done[name] = "gave up"
 
     first_tokens = metric(url, 'kvmesh_router_reports_total{kind="first_token",model="tiny"}') or 0
-    # The mock engine emits a pass's tokens, then sleeps for the pass: after the blocker's first
-    # token (reported to the replica) its 4000-token prefill pass keeps the engine asleep for
-    # seconds, and the holder, arriving meanwhile, keeps its prefill in flight (the worker full).
-    threads = [threading.Thread(target=post, args=("blocker", 4000))]
+    # The mock engine's tokens come at the end of their pass: once the blocker's first token is
+    # reported (its short prefill done), the holder is routed and its 4000-token prefill pass
+    # keeps its prefill tokens in flight (the worker full) for seconds.
+    threads = [threading.Thread(target=post, args=("blocker", 64))]
     threads[0].start()
     wait_until(lambda: metric(url, 'kvmesh_router_reports_total{kind="first_token",model="tiny"}') == first_tokens + 1,
                what="the blocker's first token")
-    threads.append(threading.Thread(target=post, args=("holder", 64)))
+    threads.append(threading.Thread(target=post, args=("holder", 4000)))
     threads[1].start()
     wait_until(lambda: gauge("kvmesh_router_tracked_requests") == 2, what="holder routed")
     threads.append(threading.Thread(target=post, args=("waiter", 64, 1.5)))

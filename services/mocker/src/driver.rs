@@ -127,6 +127,19 @@ pub async fn run_rank(
         }
 
         let step = engine.step();
+        // The pass takes its simulated time before its tokens exist, as a forward pass does:
+        // a first token comes a prefill after the request was admitted, not at once.
+        sleep_debt_us += pace.pass_micros(step.prefill_ms, step.decode_ms);
+        if sleep_debt_us >= 1000.0 {
+            let started = Instant::now();
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep(Duration::from_micros(sleep_debt_us as u64)) => {}
+            }
+            sleep_debt_us -= started.elapsed().as_micros() as f64;
+        } else {
+            tokio::task::yield_now().await;
+        }
         for output in step.outputs {
             let Some(entry) = pending.get_mut(&output.key) else {
                 continue;
@@ -182,18 +195,6 @@ pub async fn run_rank(
             last_load = Some(load);
             last_load_at = Instant::now();
             let _ = outputs.send(RankOutput::Load(load));
-        }
-
-        sleep_debt_us += pace.pass_micros(step.prefill_ms, step.decode_ms);
-        if sleep_debt_us >= 1000.0 {
-            let started = Instant::now();
-            tokio::select! {
-                _ = shutdown.cancelled() => break,
-                _ = tokio::time::sleep(Duration::from_micros(sleep_debt_us as u64)) => {}
-            }
-            sleep_debt_us -= started.elapsed().as_micros() as f64;
-        } else {
-            tokio::task::yield_now().await;
         }
     }
     for (_, entry) in pending.drain() {
