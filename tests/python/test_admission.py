@@ -118,11 +118,14 @@ def test_admin_api_can_be_disabled():
 def test_queued_requests_leave_in_priority_order():
     # One worker; any prefill in flight fills it, so every later request parks until the
     # previous one's first token. The blocker is admitted at once; the holder arrives once the
-    # blocker's first token is out, during its (slow) decode pass, and holds its prefill tokens
-    # until that pass ends, so the prioritised requests arriving next all park.
+    # blocker's first token is out and holds its prefill tokens through its own slow 3000-token
+    # prefill pass, so the prioritised requests arriving next all park.
+    # The peek makes each response's headers wait for the worker's first response (its first
+    # token), which is what the timings below read.
     mesh = start_up("up-queue", ["--speedup-ratio", "0.05", "--max-model-len", "8192",
                                  "--router-queue-threshold", "0.00001",
-                                 "--router-queue-policy", "fcfs"], workers=1)
+                                 "--router-queue-policy", "fcfs"],
+                    {"DYN_HTTP_PRE_COMMIT_ERROR_PEEK_MS": "60000"}, workers=1)
     try:
         rng = random.Random(5)
         first_token_at = {}

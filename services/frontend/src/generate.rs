@@ -71,6 +71,19 @@ struct Resume {
     remaining: u32,
 }
 
+/// How long [`start`] waits for the worker's first response before handing the stream back (the
+/// pre-commit peek, openai.md §2): an error that arrives within the wait becomes the response's
+/// own status, one after it an error inside the committed stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FirstResponseWait {
+    /// Until it arrives (unary responses are read whole before anything is sent).
+    Full,
+    /// At most this long (`DYN_HTTP_PRE_COMMIT_ERROR_PEEK_MS`).
+    UpTo(Duration),
+    /// Not at all: the stream commits once the worker accepted the request.
+    None,
+}
+
 /// How many workers one request tries before giving up, when the earlier ones are unreachable.
 const MAX_START_ATTEMPTS: usize = 3;
 
@@ -84,6 +97,7 @@ pub async fn start(
     request: GenerateRequest,
     hints: RoutingHints,
     first_response_timeout: Option<Duration>,
+    wait: FirstResponseWait,
 ) -> Result<Started, FrontendError> {
     let resume = (entry.migration_limit > 0).then(|| Resume {
         entry: entry.clone(),
@@ -92,7 +106,7 @@ pub async fn start(
         first_response_timeout,
         remaining: entry.migration_limit,
     });
-    let mut started = start_routed(entry, request, hints, first_response_timeout).await?;
+    let mut started = start_routed(entry, request, hints, first_response_timeout, wait).await?;
     started.resume = resume;
     Ok(started)
 }
@@ -103,6 +117,7 @@ async fn start_routed(
     request: GenerateRequest,
     hints: RoutingHints,
     first_response_timeout: Option<Duration>,
+    wait: FirstResponseWait,
 ) -> Result<Started, FrontendError> {
     let num_attempts = MAX_START_ATTEMPTS.min(entry.workers.len()).max(1);
     let mut hints = hints;
@@ -143,7 +158,7 @@ async fn start_routed(
             last_error = Some(FrontendError::NoWorkers(entry.name.clone()));
             continue;
         };
-        match start_on(worker, this_request, first_response_timeout).await {
+        match start_on(worker, this_request, first_response_timeout, wait).await {
             Ok(mut started) => {
                 started.guard = Some(guard);
                 return Ok(started);
@@ -254,40 +269,56 @@ async fn start_on(
     worker: &WorkerRef,
     request: GenerateRequest,
     first_response_timeout: Option<Duration>,
+    wait: FirstResponseWait,
 ) -> Result<Started, FrontendError> {
     let worker_id = worker.id;
-    let endpoint = worker.endpoint.clone();
-    let begin = async move {
-        let mut stream = endpoint.generate(request).await?;
-        let first = stream.next().await;
-        Ok::<_, FrontendError>((stream, first))
-    };
-    let (stream, first) = match first_response_timeout {
-        Some(limit) => tokio::time::timeout(limit, begin)
-            .await
-            .map_err(|_| FrontendError::Timeout(limit.as_secs()))??,
-        None => begin.await?,
+    let routed_rank = request.routing.as_ref().and_then(|r| r.dp_rank);
+    // One deadline for opening the stream and, when waited for, its first response.
+    let deadline = first_response_timeout.map(|limit| (limit, tokio::time::Instant::now() + limit));
+    let mut stream = by_deadline(deadline, worker.endpoint.generate(request)).await??;
+    let first = match wait {
+        FirstResponseWait::Full => Some(by_deadline(deadline, stream.next()).await?),
+        FirstResponseWait::UpTo(peek) => tokio::time::timeout(peek, stream.next()).await.ok(),
+        FirstResponseWait::None => None,
     };
     let first = match first {
-        Some(Ok(response)) => worker_outcome(response)?,
-        Some(Err(status)) => return Err(status.into()),
-        None => {
+        None => None,
+        Some(Some(Ok(response))) => Some(worker_outcome(response)?),
+        Some(Some(Err(status))) => return Err(status.into()),
+        Some(None) => {
             return Err(FrontendError::Worker {
                 code: kvmesh_runtime::ErrorCode::Unavailable,
                 message: "worker closed the stream without a response".into(),
             });
         }
     };
-    let dp_rank = first.worker.as_ref().map(|w| w.dp_rank).unwrap_or(0);
+    let dp_rank = first
+        .as_ref()
+        .and_then(|first| first.worker.as_ref().map(|w| w.dp_rank))
+        .or(routed_rank)
+        .unwrap_or(0);
     Ok(Started {
         worker_id,
         dp_rank,
-        first: Some(first),
+        first,
         stream,
         guard: None,
         resume: None,
         silence_limit: first_response_timeout,
     })
+}
+
+/// `work`, unless `deadline` (the limit and when it runs out) passes first.
+async fn by_deadline<T>(
+    deadline: Option<(Duration, tokio::time::Instant)>,
+    work: impl std::future::Future<Output = T>,
+) -> Result<T, FrontendError> {
+    match deadline {
+        Some((limit, at)) => tokio::time::timeout_at(at, work)
+            .await
+            .map_err(|_| FrontendError::Timeout(limit.as_secs())),
+        None => Ok(work.await),
+    }
 }
 
 /// The worker's next response; a silence longer than `limit` is a timeout failure (migratable:
@@ -396,7 +427,17 @@ async fn migrate(
     } else {
         "ongoing_request"
     };
-    match start_routed(&entry, request, hints, state.first_response_timeout).await {
+    // Mid-stream the response is committed already: wait for the new worker's first answer so a
+    // worker that fails at once is tried again here, within the migration budget.
+    match start_routed(
+        &entry,
+        request,
+        hints,
+        state.first_response_timeout,
+        FirstResponseWait::Full,
+    )
+    .await
+    {
         Ok(started) => {
             entry.metrics.count_migration(kind);
             tracing::info!(%error, from = %format!("{failed_worker:x}"), to = %format!("{:x}", started.worker_id), kind, "request migrated");

@@ -20,6 +20,7 @@ use axum::routing::{get, post};
 use kvmesh_runtime::shutdown::Inflight;
 
 use crate::error::FrontendError;
+use crate::generate::FirstResponseWait;
 use crate::metrics::FrontendMetrics;
 use crate::models::ModelTable;
 
@@ -34,6 +35,9 @@ pub struct HttpSettings {
     pub sse_keep_alive: Option<Duration>,
     /// Deadline for the worker's first response.
     pub backend_stream_timeout: Option<Duration>,
+    /// How long a stream waits for the worker's first response before committing (`None`:
+    /// commits once the worker accepted the request).
+    pub pre_commit_peek: Option<Duration>,
     /// `DYN_DISABLE_FRONTEND_NVEXT`: request `nvext`, routing and priority headers are ignored.
     pub disable_nvext: bool,
     /// `DYN_DISABLE_FRONTEND_ADMIN_API`: `/busy_threshold` is not served (404).
@@ -161,6 +165,16 @@ pub(crate) fn request_id(headers: &HeaderMap) -> String {
         .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
         .map(str::to_string)
         .unwrap_or_else(|| uuid::Uuid::new_v4().to_string())
+}
+
+/// How long a request waits for the worker's first response before its response commits:
+/// unary responses are read whole; streams wait the pre-commit peek, if any.
+pub(crate) fn first_response_wait(settings: &HttpSettings, stream: bool) -> FirstResponseWait {
+    match (stream, settings.pre_commit_peek) {
+        (false, _) => FirstResponseWait::Full,
+        (true, Some(peek)) => FirstResponseWait::UpTo(peek),
+        (true, None) => FirstResponseWait::None,
+    }
 }
 
 /// Routing pins, priorities and the session from the request's `nvext`, then its headers, which

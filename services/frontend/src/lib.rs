@@ -122,6 +122,10 @@ pub async fn run(
             backend_stream_timeout: http
                 .http_backend_stream_timeout_secs
                 .map(Duration::from_secs),
+            pre_commit_peek: http
+                .http_pre_commit_error_peek_ms
+                .filter(|&ms| ms > 0)
+                .map(Duration::from_millis),
             disable_nvext: kvmesh_runtime::config::env_truthy("DYN_DISABLE_FRONTEND_NVEXT"),
             disable_admin_api: kvmesh_runtime::config::env_truthy("DYN_DISABLE_FRONTEND_ADMIN_API"),
         },

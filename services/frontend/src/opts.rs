@@ -122,6 +122,12 @@ pub struct HttpOpts {
     /// two (migrated instead when `--migration-limit` allows).
     #[arg(long, env = "DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS", value_parser = clap::value_parser!(u64).range(1..))]
     pub http_backend_stream_timeout_secs: Option<u64>,
+
+    /// Milliseconds a stream waits for the worker's first response before committing its 200, so
+    /// that an error arriving first gets its own status; unset or 0: the stream commits once the
+    /// worker accepted the request (Dynamo sets this only by environment; the flag is kvmesh's).
+    #[arg(long, env = "DYN_HTTP_PRE_COMMIT_ERROR_PEEK_MS", hide = true)]
+    pub http_pre_commit_error_peek_ms: Option<u64>,
 }
 
 /// `--use-remote-router`.

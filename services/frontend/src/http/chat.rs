@@ -69,6 +69,7 @@ async fn handle(
             worker_request,
             super::routing_hints(&state.settings, headers, request.nvext.as_ref())?,
             state.settings.backend_stream_timeout,
+            super::first_response_wait(&state.settings, stream),
         )
         .await?;
         Ok::<_, FrontendError>((started, output, num_prompt_tokens))
