@@ -37,11 +37,12 @@ pub async fn completions(
 
 /// Rejects options this release cannot honour, instead of ignoring them.
 pub(crate) fn check_supported(sampling: &SamplingOptions) -> Result<(), FrontendError> {
+    // Valid requests this release cannot serve: 501, not the client's mistake (openai.md §2).
     if sampling.n > 1 {
-        return Err(FrontendError::invalid(
-            format!("n = {} is not supported yet; only n = 1", sampling.n),
-            Some("n"),
-        ));
+        return Err(FrontendError::NotImplemented(format!(
+            "n = {} is not supported yet; only n = 1",
+            sampling.n
+        )));
     }
     if sampling.logprobs.is_some() {
         return Err(FrontendError::NotImplemented(
@@ -129,11 +130,19 @@ async fn handle(
             "suffix is not supported".into(),
         ));
     }
-    if request.prompt.len() != 1 {
-        return Err(FrontendError::invalid(
-            "exactly one prompt per request is supported",
-            Some("prompt"),
-        ));
+    match request.prompt.len() {
+        1 => {}
+        0 => {
+            return Err(FrontendError::invalid(
+                "prompt must not be empty",
+                Some("prompt"),
+            ));
+        }
+        several => {
+            return Err(FrontendError::NotImplemented(format!(
+                "{several} prompts in one request are not supported yet; send one prompt per request"
+            )));
+        }
     }
     let entry = find_model(&state.models, &request.model)?;
     let stream = request.is_stream();
