@@ -71,6 +71,8 @@ impl Pipeline {
                 sampling.skip_special_tokens,
             ),
             stop: sampling.stop_matcher(),
+            min_tokens: sampling.min_tokens,
+            generated: 0,
         }
     }
 
@@ -136,6 +138,9 @@ pub fn generate_request(
 pub struct OutputProcessor {
     detokenizer: Detokenizer,
     stop: StopMatcher,
+    /// Stop strings are not looked for until this many tokens were generated (as in vLLM).
+    min_tokens: u32,
+    generated: u32,
 }
 
 /// Text released by one push.
@@ -160,6 +165,15 @@ impl OutputProcessor {
                 return OutputStep::default();
             }
         };
+        self.generated = self
+            .generated
+            .saturating_add(u32::try_from(ids.len()).unwrap_or(u32::MAX));
+        if self.generated < self.min_tokens {
+            return OutputStep {
+                text: piece,
+                stopped: false,
+            };
+        }
         let step = self.stop.push(&piece);
         OutputStep {
             text: step.text.into_owned(),
@@ -199,4 +213,50 @@ fn encode_off_runtime(
         encode()
     };
     Ok(ids?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn processor(stop: &str, min_tokens: u32) -> (OutputProcessor, Arc<Tokenizer>) {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny");
+        let tokenizer = Arc::new(Tokenizer::from_file(dir.join("tokenizer.json")).unwrap());
+        let processor = OutputProcessor {
+            detokenizer: Detokenizer::new(tokenizer.clone(), true),
+            stop: StopMatcher::new([stop.to_string()], false),
+            min_tokens,
+            generated: 0,
+        };
+        (processor, tokenizer)
+    }
+
+    fn run(processor: &mut OutputProcessor, ids: &[u32]) -> (String, bool) {
+        let mut text = String::new();
+        for id in ids {
+            let step = processor.push_tokens(&[*id]);
+            text += &step.text;
+            if step.stopped {
+                return (text, true);
+            }
+        }
+        text += &processor.flush();
+        (text, false)
+    }
+
+    #[test]
+    fn stop_strings_wait_for_min_tokens() {
+        let (_, tokenizer) = processor(".", 0);
+        let ids = tokenizer.encode("One. Two. Three.", false).unwrap();
+        let (mut eager, _) = processor(".", 0);
+        assert_eq!(run(&mut eager, &ids), ("One".to_string(), true));
+        // The first period comes before min_tokens tokens: it is text, the next one stops.
+        let first_period = (1..=ids.len())
+            .find(|&n| tokenizer.decode(&ids[..n], true).unwrap().contains('.'))
+            .unwrap();
+        let (mut patient, _) = processor(".", first_period as u32 + 1);
+        let (text, stopped) = run(&mut patient, &ids);
+        assert!(stopped);
+        assert_eq!(text, "One. Two");
+    }
 }
