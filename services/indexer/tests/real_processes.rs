@@ -88,6 +88,33 @@ fn sharded_args(namespace: &str, shard: u32, shards: u32) -> Vec<String> {
     .collect()
 }
 
+/// Arguments of a `kvmesh-mocker` with `num_workers` workers of the tiny model in `namespace`
+/// (small KV pools, so blocks are evicted and removal events flow too).
+fn mocker_args(namespace: &str, num_workers: u32) -> Vec<String> {
+    let model_path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny");
+    [
+        "--model-path",
+        model_path.to_str().expect("utf-8 path"),
+        "--model-name",
+        MODEL,
+        "--endpoint",
+        &format!("dyn://{namespace}.backend.generate"),
+        "--block-size",
+        &BLOCK_SIZE.to_string(),
+        "--num-workers",
+        &num_workers.to_string(),
+        "--speedup-ratio",
+        "50",
+        "--kv-partitions",
+        "4",
+        "--num-gpu-blocks-override",
+        "256",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
 async fn wait_for<T>(what: &str, secs: u64, mut check: impl AsyncFnMut() -> Option<T>) -> T {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
     loop {
@@ -163,32 +190,8 @@ async fn sharded_replicas_survive_sigkill_and_converge() {
             )
         })
         .collect();
-    let model_path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny");
-    let mocker_args = |num_workers: u32| -> Vec<String> {
-        [
-            "--model-path",
-            model_path.to_str().expect("utf-8 path"),
-            "--model-name",
-            MODEL,
-            "--endpoint",
-            &format!("dyn://{namespace}.backend.generate"),
-            "--block-size",
-            &BLOCK_SIZE.to_string(),
-            "--num-workers",
-            &num_workers.to_string(),
-            "--speedup-ratio",
-            "50",
-            "--kv-partitions",
-            "4",
-            "--num-gpu-blocks-override",
-            "256",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
-    };
     let mut mockers: Vec<Child> = (0..2)
-        .map(|_| spawn("kvmesh-mocker", &mocker_args(3), &etcd, &nats))
+        .map(|_| spawn("kvmesh-mocker", &mocker_args(&namespace, 3), &etcd, &nats))
         .collect();
 
     let worker_prefix = format!(
@@ -219,7 +222,12 @@ async fn sharded_replicas_survive_sigkill_and_converge() {
             "all {} workers hash to one shard: adding one",
             workers.len()
         );
-        mockers.push(spawn("kvmesh-mocker", &mocker_args(1), &etcd, &nats));
+        mockers.push(spawn(
+            "kvmesh-mocker",
+            &mocker_args(&namespace, 1),
+            &etcd,
+            &nats,
+        ));
         workers = list_workers(workers.len() + 1).await;
     }
     wait_for("4 serving replicas", 30, async || {
@@ -418,25 +426,7 @@ async fn a_replica_resumes_when_nats_restarts() {
         &etcd,
         &nats,
     );
-    let model_path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny");
-    let mocker_args: Vec<String> = [
-        "--model-path",
-        model_path.to_str().expect("utf-8 path"),
-        "--model-name",
-        MODEL,
-        "--endpoint",
-        &format!("dyn://{namespace}.backend.generate"),
-        "--block-size",
-        &BLOCK_SIZE.to_string(),
-        "--speedup-ratio",
-        "50",
-        "--kv-partitions",
-        "4",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let _mocker = spawn("kvmesh-mocker", &mocker_args, &etcd, &nats);
+    let _mocker = spawn("kvmesh-mocker", &mocker_args(&namespace, 1), &etcd, &nats);
     let worker_prefix = format!(
         "{}backend/generate/",
         names::instances_prefix(Some(&namespace))
