@@ -234,3 +234,29 @@ def test_embedded_indexer_sees_the_workers_blocks(kvmesh_up):
         status = stubs["indexer_pb2_grpc"].IndexerStub(channel).Status(stubs["indexer_pb2"].StatusRequest(), timeout=5)
     assert status.state == stubs["indexer_pb2"].INDEXER_STATE_SERVING
     assert status.models[0].model == "tiny" and status.models[0].blocks >= 3
+
+
+def test_failures_before_a_model_is_resolved_are_counted(kvmesh_up):
+    def count(labels):
+        series = "dynamo_frontend_requests_total{" + labels + "}"
+        for line in requests.get(f"{kvmesh_up.base_url}/metrics", timeout=5).text.splitlines():
+            if line.startswith(series + " "):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    unknown_validation = ('endpoint="chat_completions",error_type="validation",model="unknown",'
+                          'request_type="unary",status="error"')
+    unknown_not_found = ('endpoint="completions",error_type="not_found",model="unknown",'
+                         'request_type="stream",status="error"')
+    tiny_not_implemented = ('endpoint="chat_completions",error_type="not_implemented",model="tiny",'
+                            'request_type="unary",status="error"')
+    before = [count(unknown_validation), count(unknown_not_found), count(tiny_not_implemented)]
+    assert post(kvmesh_up, "/v1/chat/completions", b"{not json").status_code == 400
+    assert requests.post(f"{kvmesh_up.base_url}/v1/completions", timeout=10, json={
+        "model": "no-such-model", "prompt": "x", "stream": True}).status_code == 404
+    assert requests.post(f"{kvmesh_up.base_url}/v1/chat/completions", timeout=10, json={
+        "model": "tiny", "messages": [{"role": "user", "content": "x"}], "n": 2}).status_code == 501
+    # A client-chosen model name never becomes a label value.
+    assert "no-such-model" not in requests.get(f"{kvmesh_up.base_url}/metrics", timeout=5).text
+    assert [count(unknown_validation), count(unknown_not_found), count(tiny_not_implemented)] == \
+        [b + 1 for b in before]

@@ -27,9 +27,13 @@ pub async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let request_id = request_id(&headers);
-    let response = match handle(&state, &request_id, &headers, body).await {
+    let mut early = sse::EarlyRequest::default();
+    let response = match handle(&state, &request_id, &headers, body, &mut early).await {
         Ok(response) => response,
-        Err(error) => state.error_response(error),
+        Err(error) => {
+            early.count_failure(&state, "chat_completions", &error);
+            state.error_response(error)
+        }
     };
     with_request_id(response, &request_id)
 }
@@ -39,15 +43,18 @@ async fn handle(
     request_id: &str,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
+    early: &mut sse::EarlyRequest,
 ) -> Result<Response, FrontendError> {
     state.check_accepting()?;
     let body = body_bytes(state, body)?;
     let request: ChatCompletionRequest = parse_json(&body)?;
+    early.parsed(state, &request.model, request.is_stream());
     request.validate()?;
     let sampling = request.sampling_options();
     super::completions::check_supported(&sampling)?;
     let entry = find_model(&state.models, &request.model)?;
     let stream = request.is_stream();
+    early.is_scoped = true;
     let mut scope = RequestScope::new(state, &entry, "chat_completions", stream);
     let started = async {
         let prompt = entry.pipeline.chat_prompt(&request)?;

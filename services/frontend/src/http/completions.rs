@@ -28,9 +28,13 @@ pub async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let request_id = request_id(&headers);
-    let response = match handle(&state, &request_id, &headers, body).await {
+    let mut early = sse::EarlyRequest::default();
+    let response = match handle(&state, &request_id, &headers, body, &mut early).await {
         Ok(response) => response,
-        Err(error) => state.error_response(error),
+        Err(error) => {
+            early.count_failure(&state, "completions", &error);
+            state.error_response(error)
+        }
     };
     with_request_id(response, &request_id)
 }
@@ -115,6 +119,7 @@ async fn handle(
     request_id: &str,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
+    early: &mut sse::EarlyRequest,
 ) -> Result<Response, FrontendError> {
     state.check_accepting()?;
     let body = body_bytes(state, body)?;
@@ -122,6 +127,7 @@ async fn handle(
     check_prompt_shape(&value)?;
     let request: CompletionRequest = serde_json::from_value(value)
         .map_err(|e| FrontendError::invalid(format!("invalid request: {e}"), None))?;
+    early.parsed(state, &request.model, request.is_stream());
     request.validate()?;
     let sampling = request.sampling_options();
     check_supported(&sampling)?;
@@ -147,6 +153,7 @@ async fn handle(
     let entry = find_model(&state.models, &request.model)?;
     let stream = request.is_stream();
     let echo = request.echo.unwrap_or(false);
+    early.is_scoped = true;
     let mut scope = RequestScope::new(state, &entry, "completions", stream);
     let started = async {
         let prompt = match &request.prompt {

@@ -190,6 +190,47 @@ pub async fn collect_unary(
     })
 }
 
+/// The `model` label of requests that fail before they name a served model: client-chosen names
+/// must not become label values.
+pub const UNKNOWN_MODEL_LABEL: &str = "unknown";
+
+/// What an endpoint knows of a request before its [`RequestScope`] exists, so that failures
+/// before it (bad JSON, an unknown model, an unsupported option) are counted too.
+#[derive(Debug, Default)]
+pub struct EarlyRequest {
+    /// The requested model, once the body parsed and the model is served.
+    pub model: Option<String>,
+    /// Whether the body asked for a stream.
+    pub stream: bool,
+    /// Set once a scope took over the counting.
+    pub is_scoped: bool,
+}
+
+impl EarlyRequest {
+    /// Notes the parsed request's model (when served) and stream flag.
+    pub fn parsed(&mut self, state: &AppState, model: &str, stream: bool) {
+        self.stream = stream;
+        self.model = state
+            .models
+            .load()
+            .get(model)
+            .map(|entry| entry.name.clone());
+    }
+
+    /// Counts a failure that happened before the request's scope existed.
+    pub fn count_failure(&self, state: &AppState, endpoint: &'static str, error: &FrontendError) {
+        if self.is_scoped {
+            return;
+        }
+        state.metrics.count_request(
+            self.model.as_deref().unwrap_or(UNKNOWN_MODEL_LABEL),
+            endpoint,
+            self.stream,
+            Some(error.code().metric_label()),
+        );
+    }
+}
+
 /// Tracks one request from admission to its end: in-flight counts, duration, outcome metrics,
 /// and a client that went away before the end (the guard dropped unfinished).
 pub struct RequestScope {
