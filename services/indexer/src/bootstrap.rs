@@ -45,6 +45,20 @@ pub async fn list_replicas(
     Ok(replicas)
 }
 
+/// The metadata through which a replica advertises its shard layout ([`layout_of`] reads it).
+pub fn layout_metadata(layout: &ShardLayout) -> HashMap<String, String> {
+    let partitions: Vec<String> = layout.partitions.iter().map(u32::to_string).collect();
+    HashMap::from([
+        ("shard".to_string(), layout.shard.to_string()),
+        ("shards".to_string(), layout.shards.to_string()),
+        (
+            "kv_partitions".to_string(),
+            layout.num_partitions.to_string(),
+        ),
+        ("partitions".to_string(), partitions.join(",")),
+    ])
+}
+
 /// The shard layout an indexer replica advertises in its metadata.
 pub fn layout_of(record: &InstanceRecord) -> Option<ShardLayout> {
     let shard = record.metadata.get("shard")?.parse().ok()?;
@@ -164,4 +178,19 @@ async fn load_snapshot(address: &str, state: &Arc<ShardState>) -> anyhow::Result
     }
     state.set_applied_seq(stream_seq);
     Ok(stream_seq)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn advertised_layouts_read_back() {
+        let layout = ShardLayout::striped(1, 3, 16);
+        let record = InstanceRecord {
+            metadata: layout_metadata(&layout),
+            ..Default::default()
+        };
+        assert_eq!(layout_of(&record), Some(layout));
+    }
 }

@@ -310,22 +310,7 @@ async fn register(
     address: &str,
 ) -> anyhow::Result<()> {
     let instance_id = discovery.instance_id();
-    let mut metadata = HashMap::new();
-    metadata.insert("shard".to_string(), layout.shard.to_string());
-    metadata.insert("shards".to_string(), layout.shards.to_string());
-    metadata.insert(
-        "kv_partitions".to_string(),
-        layout.num_partitions.to_string(),
-    );
-    metadata.insert(
-        "partitions".to_string(),
-        layout
-            .partitions
-            .iter()
-            .map(u32::to_string)
-            .collect::<Vec<_>>()
-            .join(","),
-    );
+    let metadata = bootstrap::layout_metadata(layout);
     let record = InstanceRecord {
         namespace: opts.namespace.clone(),
         component: INDEXER_COMPONENT.into(),

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use kvmesh_indexer::bootstrap::list_replicas;
+use kvmesh_indexer::bootstrap::{layout_metadata, list_replicas};
 use kvmesh_indexer::client::IndexerClient;
 use kvmesh_indexer::shard::ShardLayout;
 use kvmesh_proto::v1::indexer_client::IndexerClient as GrpcIndexerClient;
@@ -29,6 +29,8 @@ use tokio_util::sync::CancellationToken;
 const MODEL: &str = "tiny";
 const PARTITIONS: u32 = 4;
 const BLOCK_SIZE: usize = 4;
+/// Per-call deadline of the tests' fan-out clients.
+const QUERY_DEADLINE: Duration = Duration::from_millis(300);
 
 fn external() -> Option<(String, String)> {
     if std::env::var("KVMESH_SKIP_EXTERNAL").as_deref() == Ok("1") {
@@ -245,7 +247,7 @@ async fn sharded_replicas_survive_sigkill_and_converge() {
         discovery.clone(),
         &namespace,
         PARTITIONS,
-        Duration::from_millis(300),
+        QUERY_DEADLINE,
         stop.clone(),
     )
     .await
@@ -447,7 +449,7 @@ async fn a_replica_resumes_when_nats_restarts() {
         discovery.clone(),
         &namespace,
         PARTITIONS,
-        Duration::from_millis(500),
+        QUERY_DEADLINE,
         stop.clone(),
     )
     .await
@@ -529,7 +531,6 @@ async fn a_replica_waits_for_a_registered_peer_instead_of_starting_empty() {
     let ghost_lease = EtcdDiscovery::connect(std::slice::from_ref(&etcd))
         .await
         .expect("etcd");
-    let layout = ShardLayout::striped(0, 1, PARTITIONS);
     let ghost = InstanceRecord {
         namespace: namespace.clone(),
         component: "indexer".into(),
@@ -537,23 +538,7 @@ async fn a_replica_waits_for_a_registered_peer_instead_of_starting_empty() {
         instance_id: ghost_lease.instance_id(),
         address: format!("127.0.0.1:{closed_port}"),
         transport: "grpc".into(),
-        metadata: [
-            ("shard", "0".to_string()),
-            ("shards", "1".to_string()),
-            ("kv_partitions", PARTITIONS.to_string()),
-            (
-                "partitions",
-                layout
-                    .partitions
-                    .iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(","),
-            ),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect(),
+        metadata: layout_metadata(&ShardLayout::striped(0, 1, PARTITIONS)),
         ..Default::default()
     };
     ghost_lease
