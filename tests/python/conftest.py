@@ -152,8 +152,8 @@ def kvmesh_up():
         mesh.stop()
 
 
-def start_distributed(backend, extra_env=None, mocker_args=()):
-    """Frontend plus two mocker processes sharing a fresh namespace."""
+def start_distributed(backend, extra_env=None, mocker_args=(), num_workers=2, speedup="100"):
+    """Frontend plus `num_workers` mocker processes sharing a fresh namespace."""
     namespace = f"t{uuid.uuid4().hex[:10]}"
     env = dict(extra_env or {})
     env["DYN_DISCOVERY_BACKEND"] = backend
@@ -161,21 +161,21 @@ def start_distributed(backend, extra_env=None, mocker_args=()):
         env["ETCD_ENDPOINTS"] = require_env("ETCD_ENDPOINTS")
     env["NATS_SERVER"] = require_env("NATS_SERVER")
     port = free_port()
-    rpc_ports = [free_port() for _ in range(2)]
+    rpc_ports = [free_port() for _ in range(num_workers)]
     frontend = Proc("frontend", ["kvmesh-frontend", "--http-host", "127.0.0.1", "--http-port", str(port),
                                  "--namespace", namespace], env)
     mockers = [
         Proc(f"mocker{i}", ["kvmesh-mocker", "--model-path", str(TINY_MODEL), "--model-name", "tiny",
-                            "--endpoint", f"dyn://{namespace}.backend.generate", "--speedup-ratio", "100",
+                            "--endpoint", f"dyn://{namespace}.backend.generate", "--speedup-ratio", speedup,
                             "--block-size", "16", "--tcp-rpc-port", str(rpc_ports[i]), *mocker_args], env)
-        for i in range(2)
+        for i in range(num_workers)
     ]
     base = f"http://127.0.0.1:{port}"
     procs = [frontend, *mockers]
     mesh = Mesh(base, procs, namespace)
     mesh.worker_rpc = [f"127.0.0.1:{p}" for p in rpc_ports]
     try:
-        wait_ready(base, "tiny", 2, procs)
+        wait_ready(base, "tiny", num_workers, procs)
     except BaseException:
         mesh.print_logs()
         mesh.stop()

@@ -12,9 +12,17 @@ pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 /// How long a PING may go unanswered before the connection (and every call on it) fails.
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// HTTP/2 connection window of every mesh client. The h2 crate lets at most half of it go to the
+/// bookkeeping of small unread DATA frames before it closes the connection, so it is sized for
+/// many concurrent streams of small messages (tokens, routing answers), not for bulk transfer.
+pub const CONNECTION_WINDOW: u32 = 8 * 1024 * 1024;
+
+/// HTTP/2 stream window of every mesh client: what one stream may have in flight unread.
+pub const STREAM_WINDOW: u32 = 2 * 1024 * 1024;
+
 /// The gRPC endpoint of another mesh process at `address` (`host:port` or a URI), with
-/// `TCP_NODELAY`, `connect_timeout`, and HTTP/2 keepalive: a peer that stops answering without
-/// closing its socket (frozen, partitioned) fails the streams open to it within
+/// `TCP_NODELAY`, `connect_timeout`, the windows above, and HTTP/2 keepalive: a peer that stops
+/// answering without closing its socket (frozen, partitioned) fails the streams open to it within
 /// [`KEEPALIVE_INTERVAL`] + [`KEEPALIVE_TIMEOUT`], so callers fail over instead of hanging until
 /// TCP gives up.
 pub fn mesh_endpoint(
@@ -29,6 +37,8 @@ pub fn mesh_endpoint(
     Ok(Endpoint::from_shared(uri)?
         .connect_timeout(connect_timeout)
         .tcp_nodelay(true)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .initial_stream_window_size(STREAM_WINDOW)
         .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
         .keep_alive_timeout(KEEPALIVE_TIMEOUT)
         .keep_alive_while_idle(true))

@@ -55,9 +55,9 @@ pub fn unregister_inproc(address: &str) {
 pub struct GrpcSettings {
     /// Time allowed to establish a connection.
     pub connect_timeout: Duration,
-    /// HTTP/2 initial connection window.
+    /// HTTP/2 initial connection window; `None` keeps [`crate::net::CONNECTION_WINDOW`].
     pub connection_window: Option<u32>,
-    /// HTTP/2 initial stream window.
+    /// HTTP/2 initial stream window; `None` keeps [`crate::net::STREAM_WINDOW`].
     pub stream_window: Option<u32>,
     /// Largest message accepted.
     pub max_message_size: usize,
@@ -88,8 +88,7 @@ pub fn connect_worker(
             .ok_or_else(|| tonic::Status::unavailable(format!("no embedded worker {address}")));
     }
     let mut endpoint = crate::net::mesh_endpoint(address, settings.connect_timeout)
-        .map_err(|e| tonic::Status::invalid_argument(format!("worker address {address}: {e}")))?
-        .http2_adaptive_window(settings.connection_window.is_none());
+        .map_err(|e| tonic::Status::invalid_argument(format!("worker address {address}: {e}")))?;
     if let Some(window) = settings.connection_window {
         endpoint = endpoint.initial_connection_window_size(window);
     }
@@ -112,7 +111,98 @@ pub struct GrpcWorker {
 impl WorkerEndpoint for GrpcWorker {
     async fn generate(&self, request: GenerateRequest) -> Result<ResponseStream, tonic::Status> {
         let mut client = self.client.clone();
-        let response = client.generate(request).await?;
-        Ok(response.into_inner().boxed())
+        let response = client
+            .generate(request)
+            .await
+            .map_err(connection_failure_is_unavailable)?;
+        Ok(drained(response.into_inner()))
+    }
+}
+
+/// A status this side made because the connection failed (reset, refused mid-handshake, closed
+/// by a dying worker) says `Unknown` or `Internal` with the transport error as its source; a
+/// status the worker sent has no source. The first kind means the worker could not be reached,
+/// so callers may safely try another worker: nothing reached the client yet.
+fn connection_failure_is_unavailable(status: tonic::Status) -> tonic::Status {
+    let is_local = std::error::Error::source(&status).is_some();
+    if is_local && matches!(status.code(), tonic::Code::Unknown | tonic::Code::Internal) {
+        return crate::ErrorCode::Unavailable
+            .to_status(format!("worker connection failed: {}", status.message()));
+    }
+    status
+}
+
+/// A worker's response stream, read as fast as the worker sends it.
+///
+/// One HTTP/2 connection carries every stream to a worker, and the h2 crate tears the whole
+/// connection down (GOAWAY `ENHANCE_YOUR_CALM`, "too_many_data_frames") once too many small DATA
+/// frames sit unread in its buffers. Token responses are small, so a caller that reads slowly
+/// (a client that stops reading its SSE stream, a burst of migrated requests on a busy frontend)
+/// would otherwise fail every other request on that worker. A task per stream takes each
+/// response off the connection as soon as it arrives and merges what the caller has not taken
+/// yet into one response, so what waits costs a few bytes per token and nothing is held in h2.
+/// Dropping the returned stream ends the task, which cancels the request on the worker.
+pub fn drained(mut inner: tonic::Streaming<GenerateResponse>) -> ResponseStream {
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tokio::spawn(async move {
+        let mut pending: Option<GenerateResponse> = None;
+        // `None` while the worker still sends; then its end, clean or with a status.
+        let mut end: Option<Option<tonic::Status>> = None;
+        loop {
+            if pending.is_none()
+                && let Some(end) = end.take()
+            {
+                if let Some(status) = end {
+                    let _ = tx.send(Err(status)).await;
+                }
+                return;
+            }
+            tokio::select! {
+                biased;
+                next = inner.message(), if end.is_none() => match next {
+                    Ok(Some(response)) => merge_response(&mut pending, response),
+                    Ok(None) => end = Some(None),
+                    Err(status) => end = Some(Some(connection_failure_is_unavailable(status))),
+                },
+                permit = tx.reserve(), if pending.is_some() => {
+                    let Ok(permit) = permit else { return };
+                    if let Some(response) = pending.take() {
+                        permit.send(Ok(response));
+                    }
+                }
+                _ = tx.closed(), if pending.is_none() => return,
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx).boxed()
+}
+
+/// Appends `next` to the responses the caller has not taken yet: tokens, text and log
+/// probabilities in order; the finish, usage, error and stop token of the latest; the worker
+/// identity of the first.
+fn merge_response(pending: &mut Option<GenerateResponse>, next: GenerateResponse) {
+    let Some(merged) = pending else {
+        *pending = Some(next);
+        return;
+    };
+    merged.token_ids.extend(next.token_ids);
+    merged.logprobs.extend(next.logprobs);
+    if let Some(text) = next.text {
+        merged.text.get_or_insert_default().push_str(&text);
+    }
+    if next.finish_reason != 0 {
+        merged.finish_reason = next.finish_reason;
+    }
+    if next.usage.is_some() {
+        merged.usage = next.usage;
+    }
+    if merged.worker.is_none() {
+        merged.worker = next.worker;
+    }
+    if !next.error.is_empty() {
+        merged.error = next.error;
+    }
+    if next.matched_stop_token_id.is_some() {
+        merged.matched_stop_token_id = next.matched_stop_token_id;
     }
 }
