@@ -1,7 +1,7 @@
-"""When a streamed response commits (openai.md §2, pre-commit peek): by default the 200 and its
-headers go out once the worker accepted the request, and a failure the worker reports first
-arrives as an SSE error event; with DYN_HTTP_PRE_COMMIT_ERROR_PEEK_MS the frontend waits that long
-for the first response, so such a failure gets its own status."""
+"""When a streamed response commits (docs/http-api.md, "Pre-commit peek"): by default the 200
+and its headers go out once the worker accepted the request, and a failure the worker reports
+first arrives as an SSE error event; with DYN_HTTP_PRE_COMMIT_ERROR_PEEK_MS the frontend waits
+that long for the first response, so such a failure gets its own status."""
 import json
 import random
 import time

@@ -72,7 +72,7 @@ def engine_hash():
     return random.getrandbits(64) | (1 << 63)
 
 
-# --- kvmesh hashing (specs/kv-events.md section 2) ------------------------------------------------
+# --- kvmesh hashing (docs/kv-events.md, "Hashing") ------------------------------------------------
 
 def local_hashes(tokens):
     blocks = [tokens[i:i + BLOCK_SIZE] for i in range(0, len(tokens) - BLOCK_SIZE + 1, BLOCK_SIZE)]

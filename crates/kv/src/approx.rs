@@ -1,8 +1,8 @@
 //! The approximate index: what workers probably cache, inferred from routing decisions.
 //!
-//! Without KV events (router.md §12, `--no-router-kv-events`) the router records each decision
-//! as if the chosen (worker, dp_rank) had stored the request's blocks, with the request's
-//! sequence hashes as engine hashes. Entries then leave by one of two policies:
+//! Without KV events (`--no-router-kv-events`; docs/routing.md, "Approximate mode") the router
+//! records each decision as if the chosen (worker, dp_rank) had stored the request's blocks, with
+//! the request's sequence hashes as engine hashes. Entries then leave by one of two policies:
 //!
 //! * `ttl`: an entry expires `ttl` after its last insertion (re-insertion refreshes it);
 //! * `lru`: each rank keeps at most its advertised `total_kv_blocks` entries, least recently
@@ -15,8 +15,9 @@
 //! Time is passed in by the caller as a [`Duration`] since any fixed origin; nothing here reads a
 //! clock, so the router's virtual-time benchmark is deterministic.
 //!
-//! The predicted side index (router.md §13) is this same structure with a TTL, kept next to an
-//! event-fed index; combine the two answers with [`crate::OverlapScores::max_device_with`].
+//! The predicted side index (docs/routing.md, "Predicted side index") is this same structure
+//! with a TTL, kept next to an event-fed index; combine the two answers with
+//! [`crate::OverlapScores::max_device_with`].
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashMap};

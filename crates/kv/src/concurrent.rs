@@ -134,14 +134,14 @@ impl ConcurrentIndex {
         send(lane, Msg::Batch(batch))
     }
 
-    /// Queues a worker-removed marker (kv-events §4): the worker's blocks go and later events
-    /// for it are ignored, in stream order with its other batches.
+    /// Queues a worker-removed marker (docs/kv-events.md, "Worker removal"): the worker's blocks
+    /// go and later events for it are ignored, in stream order with its other batches.
     pub fn remove_worker(&self, worker_id: u64) -> Result<(), LaneClosed> {
         self.apply(KvEventBatch::worker_removed(worker_id))
     }
 
     /// Waits until every batch queued before the call is applied (the drain step of a consistent
-    /// cut, indexer.md §2).
+    /// cut; docs/indexer.md, "Concurrency").
     pub fn flush(&self) -> Result<(), LaneClosed> {
         let mut acks = Vec::with_capacity(self.lanes.len());
         for lane in &self.lanes {

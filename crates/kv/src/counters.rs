@@ -25,7 +25,7 @@ impl EventType {
     }
 }
 
-/// Status label of `kvmesh_indexer_events_applied_total` (indexer.md §5).
+/// Status label of `kvmesh_indexer_events_applied_total` (docs/indexer.md, "Metrics").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EventStatus {
     /// Applied in full.

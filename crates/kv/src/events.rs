@@ -1,4 +1,5 @@
-//! Engine-neutral KV events, mirroring `proto/kvmesh/v1/events.proto` (specs/kv-events.md §3–4).
+//! Engine-neutral KV events, mirroring `proto/kvmesh/v1/events.proto` (docs/kv-events.md,
+//! "Event model" and "Transport").
 //!
 //! The index crate does not depend on the protobuf crate: the service layer converts
 //! `kvmesh.v1.KvEventBatch` into these types field for field, so the index can be embedded, tested
@@ -41,7 +42,8 @@ impl Tier {
     /// Every tier, fastest first; index `i` has discriminant `i`.
     pub const ALL: [Tier; 4] = [Tier::Device, Tier::HostPinned, Tier::Disk, Tier::External];
 
-    /// Tier from its protobuf / digest number; unknown numbers read as device (kv-events §3).
+    /// Tier from its protobuf / digest number; unknown numbers read as device
+    /// (docs/kv-events.md, "Event model").
     pub fn from_u8(value: u8) -> Tier {
         match value {
             1 => Tier::HostPinned,
@@ -51,7 +53,8 @@ impl Tier {
         }
     }
 
-    /// Tier from an engine's `medium` string (kv-events §3); absent or unknown is device.
+    /// Tier from an engine's `medium` string (docs/kv-events.md, "Event model"); absent or
+    /// unknown is device.
     pub fn from_medium(medium: Option<&str>) -> Tier {
         match medium.map(str::to_ascii_uppercase).as_deref() {
             Some("CPU" | "CPU_PINNED" | "CPU_TIER1") => Tier::HostPinned,
@@ -89,7 +92,7 @@ impl KvEventBatch {
         WorkerKey::new(self.worker_id, self.dp_rank)
     }
 
-    /// A worker-removed marker for `worker_id` (kv-events §4).
+    /// A worker-removed marker for `worker_id` (docs/kv-events.md, "Worker removal").
     pub fn worker_removed(worker_id: u64) -> Self {
         Self {
             worker_id,

@@ -1,4 +1,4 @@
-//! Block and sequence hashing (specs/kv-events.md section 2).
+//! Block and sequence hashing (docs/kv-events.md, "Hashing").
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 

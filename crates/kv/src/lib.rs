@@ -1,9 +1,10 @@
 //! KV cache block identity and the block index.
 //!
-//! * [`hashing`]: the hashing every engine, router and indexer must agree on (specs/kv-events.md
-//!   §2, bit for bit with Dynamo).
+//! * [`hashing`]: the hashing every engine, router and indexer must agree on, bit for bit with
+//!   Dynamo (docs/kv-events.md, "Hashing").
 //! * [`RadixIndex`]: the single-threaded index of which (worker, dp_rank) holds which blocks, in
-//!   which tier (specs/indexer.md §1), with event ordering rules, counters, digest and dumps.
+//!   which tier (docs/indexer.md, "Tree semantics"), with event ordering rules, counters, digest
+//!   and dumps.
 //! * [`ConcurrentIndex`]: the same index split over apply lanes, answering queries on the caller's
 //!   thread while events apply.
 //! * [`ApproxIndex`]: the event-less index fed by routing decisions (TTL or LRU), also used as

@@ -1,4 +1,5 @@
-//! The KV block index (indexer.md §1, kv-events.md §3–5): applied by one thread, queried by any.
+//! The KV block index (docs/indexer.md, "Tree semantics"; docs/kv-events.md, "Ordering rules"):
+//! applied by one thread, queried by any.
 //!
 //! # Semantics
 //!
@@ -30,8 +31,8 @@
 //!   indexed by id, so intersecting the matching set with a node costs one pass over its entries.
 //! * **Warm-up passes**: before applying a window of events the writer reads the lines it will
 //!   touch in branch-free loops, so their cache misses overlap instead of serialising.
-//! * **Incremental digest and counts**: the order-independent digest (indexer.md §3) is a wrapping
-//!   sum, updated on every membership change, so [`RadixIndex::digest`] is O(1).
+//! * **Incremental digest and counts**: the order-independent digest (docs/indexer.md, "Digest")
+//!   is a wrapping sum, updated on every membership change, so [`RadixIndex::digest`] is O(1).
 //!
 //! # Concurrency
 //!
@@ -80,8 +81,9 @@ use crate::table::U64Table;
 const SLOT_MASK: u32 = (1 << 28) - 1;
 const TIER_SHIFT: u32 = 28;
 
-/// Digest term of one (block, member, tier) (indexer.md §3): `xxh3_64(LE64(worker_id) ‖
-/// LE32(dp_rank) ‖ u8(tier) ‖ LE64(engine_hash) ‖ LE64(tokens_hash) ‖ LE32(depth), seed 0)`.
+/// Digest term of one (block, member, tier) (docs/indexer.md, "Digest"):
+/// `xxh3_64(LE64(worker_id) ‖ LE32(dp_rank) ‖ u8(tier) ‖ LE64(engine_hash) ‖ LE64(tokens_hash) ‖
+/// LE32(depth), seed 0)`.
 ///
 /// Public so other implementations (the service's tests, a remote replica) can recompute a digest.
 pub fn digest_term(
@@ -156,13 +158,14 @@ impl RadixIndex {
     }
 
     /// Applies a batch of one (worker, dp_rank)'s events, or a worker-removed marker, keeping the
-    /// per-member order rules of kv-events §5 (duplicates skipped, gaps applied and counted).
+    /// per-member order rules (duplicates skipped, gaps applied and counted; docs/kv-events.md,
+    /// "Ordering rules").
     pub fn apply(&mut self, batch: &KvEventBatch) {
         self.apply_batch(batch);
     }
 
-    /// Order-independent digest of the whole state (indexer.md §3); equal on two indexes holding
-    /// the same (block, member, tier, engine hash) set.
+    /// Order-independent digest of the whole state (docs/indexer.md, "Digest"); equal on two
+    /// indexes holding the same (block, member, tier, engine hash) set.
     pub fn digest(&self) -> u64 {
         self.digest
     }

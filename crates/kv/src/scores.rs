@@ -5,8 +5,9 @@ use crate::events::{Tier, WorkerKey};
 /// Matched blocks of one (worker, dp_rank), per tier, plus the blocks it holds in all.
 ///
 /// `device` is the number of leading blocks held on the device; each slower tier counts the
-/// blocks matched *beyond* the faster tiers (router.md §4: `host_overlap`, `disk_overlap`). A
-/// block counts in a slower tier's run when the member holds it in that tier or a faster one.
+/// blocks matched *beyond* the faster tiers (the host and disk overlaps of docs/routing.md,
+/// "Cost function"). A block counts in a slower tier's run when the member holds it in that tier
+/// or a faster one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MemberScore {
     /// The (worker, dp_rank).
@@ -40,10 +41,10 @@ impl MemberScore {
     }
 }
 
-/// Result of `find_matches` (indexer.md §1 `OverlapScores`).
+/// Result of `find_matches` (docs/indexer.md, "Matching").
 ///
 /// One row per member that matched at least one block in any tier (members matching nothing are
-/// absent), sorted by [`WorkerKey`]. The spec's `scores` map is the `device` column, its
+/// absent), sorted by [`WorkerKey`]. Dynamo's `scores` map is the `device` column, its
 /// `tier_scores` the other columns and its `tree_sizes` the `tree_size` column of these rows.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct OverlapScores {
@@ -74,7 +75,7 @@ impl OverlapScores {
     }
 
     /// Merges the answer of an index over disjoint workers (another lane or shard): rows are
-    /// united, frequencies summed element-wise (indexer.md §3, merge).
+    /// united, frequencies summed element-wise (docs/indexer.md, "Fan-out and merge").
     pub fn merge(&mut self, other: OverlapScores) {
         self.scores.extend(other.scores);
         self.scores.sort_unstable_by_key(|row| row.worker);
@@ -82,7 +83,7 @@ impl OverlapScores {
     }
 
     /// Raises each member's device score to the side index's where that is larger, adding rows the
-    /// side index has and this answer lacks (predicted side indexer, router.md §13).
+    /// side index has and this answer lacks (docs/routing.md, "Predicted side index").
     pub fn max_device_with(&mut self, side: &OverlapScores) {
         for row in &side.scores {
             if row.device == 0 {

@@ -1,4 +1,5 @@
-//! The index rules of indexer.md §1 and kv-events.md §3–5, one test per rule.
+//! The index rules of docs/indexer.md ("Tree semantics") and docs/kv-events.md ("Event model",
+//! "Ordering rules"), one test per rule.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] functions
 
 #[path = "common/events.rs"]

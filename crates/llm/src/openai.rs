@@ -1,5 +1,5 @@
-//! OpenAI-compatible request and response types (openai.md §2–4, §8) with vLLM's sampling
-//! extensions and `nvext`.
+//! OpenAI-compatible request and response types with vLLM's sampling extensions and `nvext`
+//! (docs/http-api.md: "Errors", "Validation", "SSE", "Chat and completions responses", "nvext").
 //!
 //! Requests ignore unknown fields. Responses leave out absent optional fields the way OpenAI
 //! does, but always send `finish_reason` and `logprobs` (null until set) on choices and

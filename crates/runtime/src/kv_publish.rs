@@ -1,7 +1,7 @@
-//! Publishing a worker's KV events into the namespace's durable stream (specs/kv-events.md §4),
-//! shared by every producer (the mock engine, the vLLM/SGLang bridge): event ids numbered per
-//! (worker, dp_rank) without gaps, batches kept under the message size limit, each batch
-//! published under its `Nats-Msg-Id` and retried until stored, so a retry after a lost
+//! Publishing a worker's KV events into the namespace's durable stream (docs/kv-events.md,
+//! "Publishing"), shared by every producer (the mock engine, the vLLM/SGLang bridge): event ids
+//! numbered per (worker, dp_rank) without gaps, batches kept under the message size limit, each
+//! batch published under its `Nats-Msg-Id` and retried until stored, so a retry after a lost
 //! acknowledgement is deduplicated by the stream rather than applied twice.
 
 use std::collections::HashMap;
@@ -15,7 +15,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::event_plane::EventPlane;
 
-/// Largest KV event batch published in one message (spec: under 512 KiB).
+/// Largest KV event batch published in one message: batches stay under 512 KiB
+/// (docs/kv-events.md, "Publishing").
 pub const MAX_BATCH_BYTES: usize = 512 * 1024;
 
 /// Largest encoding of one event: a bigger one (a stored chain of tens of thousands of blocks) is

@@ -1,8 +1,8 @@
 //! Discovery keys and event-plane subjects, built and parsed in one place.
 //!
-//! Every process must spell these names byte for byte alike (and like Dynamo where the specs say
+//! Every process must spell these names byte for byte alike (and like Dynamo where the docs say
 //! so), so nothing outside this module formats a key or a subject by hand. Keys follow
-//! `specs/discovery.md` §1, subjects `specs/kv-events.md` §4.
+//! docs/discovery.md, "Keys and records"; subjects follow docs/kv-events.md, "Transport".
 
 use std::fmt::Write as _;
 
@@ -53,8 +53,8 @@ fn unescape(text: &str, escape: u8, keep: impl Fn(u8) -> bool) -> Option<String>
     String::from_utf8(out).ok()
 }
 
-/// Encodes a served model name as one key path segment (discovery.md §1): RFC 3986 unreserved
-/// characters are kept, every other byte becomes `%XX` (uppercase hex), so
+/// Encodes a served model name as one key path segment (docs/discovery.md, "Keys and records"):
+/// RFC 3986 unreserved characters are kept, every other byte becomes `%XX` (uppercase hex), so
 /// `Qwen/Qwen3-0.6B` becomes `Qwen%2FQwen3-0.6B`.
 ///
 /// The segments `.` and `..` are the one exception: they are written `%2E` / `%2E%2E` so that a
@@ -80,9 +80,10 @@ pub fn decode_model_segment(segment: &str) -> Option<String> {
     unescape(segment, b'%', is_unreserved)
 }
 
-/// Encodes a namespace or model name as one NATS subject token (kv-events.md §4): every byte
-/// outside `[A-Za-z0-9_-]` becomes `~` and two uppercase hex digits, so `Qwen/Qwen3-0.6B`
-/// becomes `Qwen~2FQwen3-0~2E6B`. The result never contains `.`, `*`, `>` or whitespace.
+/// Encodes a namespace or model name as one NATS subject token (docs/kv-events.md, "Transport"):
+/// every byte outside `[A-Za-z0-9_-]` becomes `~` and two uppercase hex digits, so
+/// `Qwen/Qwen3-0.6B` becomes `Qwen~2FQwen3-0~2E6B`. The result never contains `.`, `*`, `>` or
+/// whitespace.
 pub fn subject_token(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for &byte in text.as_bytes() {

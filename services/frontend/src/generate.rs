@@ -62,7 +62,8 @@ pub struct Started {
     silence_limit: Option<Duration>,
 }
 
-/// A request's original form and what is left of its migration budget (router.md §16).
+/// A request's original form and what is left of its migration budget (docs/routing.md,
+/// "Migration").
 struct Resume {
     entry: Arc<ModelEntry>,
     request: GenerateRequest,
@@ -71,9 +72,9 @@ struct Resume {
     remaining: u32,
 }
 
-/// How long [`start`] waits for the worker's first response before handing the stream back (the
-/// pre-commit peek, openai.md §2): an error that arrives within the wait becomes the response's
-/// own status, one after it an error inside the committed stream.
+/// How long [`start`] waits for the worker's first response before handing the stream back
+/// (docs/http-api.md, "Pre-commit peek"): an error that arrives within the wait becomes the
+/// response's own status, one after it an error inside the committed stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FirstResponseWait {
     /// Until it arrives (unary responses are read whole before anything is sent).
@@ -364,9 +365,9 @@ fn worker_outcome(response: GenerateResponse) -> Result<GenerateResponse, Fronte
     }
 }
 
-/// Whether a worker failure lets the request continue elsewhere (router.md §16): the worker
-/// could not be reached, went away or shut down; never a cancellation, an overload or a
-/// rejected request.
+/// Whether a worker failure lets the request continue elsewhere (docs/routing.md, "Migration"):
+/// the worker could not be reached, went away or shut down; never a cancellation, an overload or
+/// a rejected request.
 fn is_migratable(error: &FrontendError) -> bool {
     matches!(
         error,

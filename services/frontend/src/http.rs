@@ -178,8 +178,8 @@ pub(crate) fn first_response_wait(settings: &HttpSettings, stream: bool) -> Firs
 }
 
 /// Routing pins, priorities and the session from the request's `nvext`, then its headers, which
-/// win (router.md §9, §10, §15); with `DYN_DISABLE_FRONTEND_NVEXT` only the session header
-/// counts. A malformed value is a 400 naming the field or header.
+/// win (docs/routing.md, "Pins and routing headers"); with `DYN_DISABLE_FRONTEND_NVEXT` only the
+/// session header counts. A malformed value is a 400 naming the field or header.
 pub(crate) fn routing_hints(
     settings: &HttpSettings,
     headers: &HeaderMap,

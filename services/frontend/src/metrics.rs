@@ -1,5 +1,5 @@
-//! The frontend's Prometheus metrics (openai.md section 9), with per-model handles resolved once
-//! so the request path does not hash label sets.
+//! The frontend's Prometheus metrics (docs/http-api.md, "Metrics"), with per-model handles
+//! resolved once so the request path does not hash label sets.
 
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,

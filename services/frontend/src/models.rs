@@ -66,7 +66,7 @@ pub struct ModelEntry {
 
 impl ModelEntry {
     /// Whether the model is listed and served: it has workers, and its router has the
-    /// `--router-min-initial-workers` it waits for (discovery.md §3, readiness).
+    /// `--router-min-initial-workers` it waits for (docs/discovery.md, "Readiness").
     pub fn is_ready(&self) -> bool {
         !self.workers.is_empty() && self.router.is_ready()
     }

@@ -1,6 +1,7 @@
-//! Worker-removed markers (kv-events.md section 4): when a worker leaves discovery, replicas that
-//! own its partition publish a marker into the stream, so every replica drops the worker at the
-//! same stream position. A periodic sweep covers removals that happened while no replica ran.
+//! Worker-removed markers (docs/kv-events.md, "Worker removal"): when a worker leaves discovery,
+//! replicas that own its partition publish a marker into the stream, so every replica drops the
+//! worker at the same stream position. A periodic sweep covers removals that happened while no
+//! replica ran.
 
 use std::collections::HashSet;
 use std::sync::Arc;

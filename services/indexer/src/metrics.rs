@@ -1,4 +1,4 @@
-//! The indexer's Prometheus metrics (indexer.md section 5).
+//! The indexer's Prometheus metrics (docs/indexer.md, "Metrics").
 
 use std::collections::HashMap;
 use std::sync::Mutex;

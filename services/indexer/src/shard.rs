@@ -9,7 +9,7 @@ use arc_swap::ArcSwap;
 use kvmesh_kv::{ConcurrentIndex, OverlapScores, kv_partition};
 use kvmesh_proto::v1::IndexerState;
 
-/// Which partitions a shard owns (indexer.md section 3).
+/// Which partitions a shard owns (docs/indexer.md, "Sharding").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardLayout {
     /// Shard index `k`.

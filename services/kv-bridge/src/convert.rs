@@ -1,4 +1,4 @@
-//! Engine events to kvmesh events (specs/kv-events.md §6 "Conversion", §2 hashing, §3 tiers).
+//! Engine events to kvmesh events (docs/kv-events.md: "Conversion", "Hashing", "Event model").
 //!
 //! The engine's own block hashes cannot be recomputed by kvmesh (vLLM's are a sha256 chain over
 //! pickled tokens), so each stored block keeps the engine hash as its name and gets the
@@ -177,7 +177,8 @@ fn convert_removed(removed: &BlockRemoved) -> Conversion {
     )
 }
 
-/// The storage tier of an engine `medium` string (§3; absent or unknown is device).
+/// The storage tier of an engine `medium` string (docs/kv-events.md, "Event model"; absent or
+/// unknown is device).
 pub fn tier_of(medium: Option<&str>) -> StorageTier {
     match Tier::from_medium(medium) {
         Tier::Device => StorageTier::Device,
@@ -194,8 +195,8 @@ fn has_self_reference(stored: &BlockStored) -> bool {
     hashes.windows(2).any(|pair| pair[0] == pair[1])
 }
 
-/// Local hash of a block with multimodal content (§2): the token bytes followed by each mm hash
-/// (u64 little-endian, ascending), with the request's seed.
+/// Local hash of a block with multimodal content (docs/kv-events.md, "Hashing"): the token bytes
+/// followed by each mm hash (u64 little-endian, ascending), with the request's seed.
 pub fn multimodal_block_hash(tokens: &[u32], sorted_mm_hashes: &[u64], seed: u64) -> u64 {
     let mut bytes = Vec::with_capacity(tokens.len() * 4 + sorted_mm_hashes.len() * 8);
     for token in tokens {

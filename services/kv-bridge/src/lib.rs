@@ -1,6 +1,6 @@
 //! The engine KV event bridge: reads a vLLM or SGLang engine's KV events from its ZMQ publisher
-//! (specs/kv-events.md §6) and republishes them as kvmesh `KvEventBatch`es for one worker
-//! (§4), so indexers see a real engine exactly as they see the mocker.
+//! (docs/kv-events.md, "Engine wire format") and republishes them as kvmesh `KvEventBatch`es for
+//! one worker ("Transport"), so indexers see a real engine exactly as they see the mocker.
 //!
 //! * [`wire`]: the engine's multipart frames and msgpack batches, decoded leniently.
 //! * [`convert`]: engine events to kvmesh events, with kvmesh's `tokens_hash`.

@@ -1,6 +1,7 @@
 //! The kvmesh side of the bridge: hands converted events to the shared
 //! [`KvEventPublisher`], which numbers them per (worker, dp_rank) and publishes them into the
-//! namespace's JetStream stream (specs/kv-events.md §4), in order, retried until stored.
+//! namespace's JetStream stream (docs/kv-events.md, "Publishing"), in order, retried until
+//! stored.
 //!
 //! One publisher task serves every engine socket of the worker, so event ids stay gap-free per
 //! dp rank whatever socket a batch came from, and a slow NATS never stalls the ZMQ readers

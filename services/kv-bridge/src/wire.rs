@@ -1,5 +1,5 @@
-//! The engine side of the bridge: vLLM/SGLang ZMQ KV event messages (specs/kv-events.md §6)
-//! decoded into typed events, with every optional and legacy field rule of the spec.
+//! The engine side of the bridge: vLLM/SGLang ZMQ KV event messages decoded into typed events,
+//! with every optional and legacy field rule of docs/kv-events.md, "Engine wire format".
 //!
 //! Nothing here trusts its input: every shape error is a [`WireError`] the caller counts and
 //! skips. A batch whose envelope is readable keeps its good events even when some of its events

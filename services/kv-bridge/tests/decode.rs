@@ -1,6 +1,6 @@
 //! Decoding of the engine wire: the frames captured from a real vLLM 0.32 engine
-//! (`data/vllm-0.32-kv-event-frames.json`, a copy of the spec's test vectors) and every variant
-//! the spec allows, plus malformed input.
+//! (`data/vllm-0.32-kv-event-frames.json`, used as test vectors) and every variant
+//! docs/kv-events.md ("Engine wire format") allows, plus malformed input.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] functions
 

@@ -125,8 +125,8 @@ pub struct RouterKnobs {
 }
 
 impl RouterKnobs {
-    /// The `kv` options these knobs give (spec defaults otherwise; one event apply lane, which
-    /// changes no answer since the index is flushed before each decision).
+    /// The `kv` options these knobs give (the router's defaults otherwise; one event apply lane,
+    /// which changes no answer since the index is flushed before each decision).
     pub fn kv_config(&self) -> anyhow::Result<KvRouterConfig> {
         let secs = |flag: &str, value: f64| {
             Duration::try_from_secs_f64(value).map_err(|e| anyhow::anyhow!("{flag}: {e}"))

@@ -1,5 +1,5 @@
 //! The mocker's engine core: paged KV blocks, a vLLM-style scheduler, token generation and the
-//! timing model (specs/mocker.md sections 1, 2 and 4), with no clock and no async.
+//! timing model (docs/mocker.md), with no clock and no async.
 //!
 //! One [`DpEngine`] is one data-parallel rank. A driver calls [`DpEngine::step`] for each scheduler
 //! pass and decides what a pass costs in time from [`StepOutput::prefill_ms`] and
@@ -42,7 +42,7 @@ pub struct ReasoningConfig {
     pub thinking_ratio: f64,
 }
 
-/// Settings of one data-parallel rank, mirroring the mocker's CLI (specs/mocker.md section 3).
+/// Settings of one data-parallel rank, mirroring the mocker's CLI (docs/mocker.md, "Flags").
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineConfig {
     /// KV blocks in this rank's pool.

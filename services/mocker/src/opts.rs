@@ -1,4 +1,4 @@
-//! The mocker's configuration, under Dynamo's mocker flag names (specs/mocker.md section 3).
+//! The mocker's configuration, under Dynamo's mocker flag names (docs/mocker.md, "Flags").
 
 use std::path::PathBuf;
 

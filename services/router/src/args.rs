@@ -1,7 +1,7 @@
-//! The router's command-line flags and environment variables (frontend-flags.md, router rows),
+//! The router's command-line flags and environment variables (docs/flags.md, "Router flags"),
 //! for `#[command(flatten)]` into the frontend, the router service and `kvmesh up`.
 //!
-//! Names, environment variables, defaults and ranges follow the spec exactly. Booleans are
+//! Names, environment variables, defaults and ranges are exactly Dynamo's. Booleans are
 //! strict (`1 true yes on` / `0 false no off`) and negatable (`--x` / `--no-x`); nullable
 //! thresholds accept the literal `None`. Invalid values stop start-up with a message naming the
 //! flag. [`RouterArgs::to_config`] applies the deprecated-alias rules and validates.
@@ -148,7 +148,7 @@ pub struct RouterArgs {
     pub router_predicted_ttl_secs: Option<f64>,
 
     /// Hash that keys tracked requests and sync events: `public-xxh3-v1` (the block hash of
-    /// specs/kv-events.md); `keyed-xxh3-v1` is refused until keyed hashing exists.
+    /// docs/kv-events.md, "Hashing"); `keyed-xxh3-v1` is refused until keyed hashing exists.
     #[arg(
         long,
         env = "DYN_ROUTER_TRACKING_HASH",

@@ -1,4 +1,5 @@
-//! Busy detection (router.md §8): which ranks are too loaded to receive more work.
+//! Busy detection (docs/routing.md, "Busy detection and overload"): which ranks are too loaded to
+//! receive more work.
 
 use crate::config::BusyThresholds;
 

@@ -1,5 +1,6 @@
-//! The router's configuration as one typed struct, with the spec's defaults and the resolution
-//! rules for deprecated and implied options (frontend-flags.md, router rows).
+//! The router's configuration as one typed struct, with Dynamo's defaults and the resolution
+//! rules for deprecated and implied options (docs/flags.md, "Router flags" and "Deprecated and
+//! implied options").
 //!
 //! [`RouterConfig`] is what the routing core reads; [`crate::RouterArgs`] is the clap form that
 //! converts into it. A simulator or a test builds a `RouterConfig` directly and gets the same
@@ -10,7 +11,7 @@ use std::time::Duration;
 
 use clap::ValueEnum;
 
-/// Routing policies (`--router-mode`, router.md §2).
+/// Routing policies (`--router-mode`; docs/routing.md, "Modes").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum RouterMode {
@@ -21,7 +22,7 @@ pub enum RouterMode {
     Random,
     /// The less loaded of two random workers.
     PowerOfTwo,
-    /// KV-cache-aware routing with the cost model of router.md §4.
+    /// KV-cache-aware routing with the cost model of docs/routing.md, "Cost function".
     Kv,
     /// The worker named by the request.
     Direct,
@@ -31,7 +32,7 @@ pub enum RouterMode {
     DeviceAwareWeighted,
 }
 
-/// Order in which parked requests leave the queue (router.md §9).
+/// Order in which parked requests leave the queue (docs/routing.md, "Queue").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum QueuePolicy {
@@ -45,7 +46,8 @@ pub enum QueuePolicy {
     Wspt,
 }
 
-/// What a session binding means (`--router-session-affinity-mode`, router.md §10).
+/// What a session binding means (`--router-session-affinity-mode`; docs/routing.md,
+/// "Session affinity").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SessionAffinityMode {
@@ -56,7 +58,8 @@ pub enum SessionAffinityMode {
     Soft,
 }
 
-/// Eviction policy of the approximate index (`--router-approximate-cache-policy`, router.md §12).
+/// Eviction policy of the approximate index (`--router-approximate-cache-policy`;
+/// docs/routing.md, "Approximate mode").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ApproxCachePolicy {
@@ -67,7 +70,8 @@ pub enum ApproxCachePolicy {
     Lru,
 }
 
-/// The three busy thresholds (router.md §8); each check is on only when its threshold is set.
+/// The three busy thresholds (docs/routing.md, "Busy detection and overload"); each check is on
+/// only when its threshold is set.
 ///
 /// Exists as its own struct because `/busy_threshold` reads and replaces it at run time.
 #[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize, serde::Deserialize)]
@@ -107,7 +111,8 @@ impl BusyThresholds {
     }
 }
 
-/// Options of `kv` mode: the cost model, load tracking and the index (router.md §3–§7, §12, §13).
+/// Options of `kv` mode: the cost model, load tracking and the index (docs/routing.md:
+/// "KV routing flow" through "Load tracking", "Approximate mode", "Predicted side index").
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct KvRouterConfig {
     /// Credit per device-cached block against prefill (0 ⇒ the index is never queried).

@@ -54,7 +54,8 @@ pub struct PreparedRequest {
 }
 
 impl PreparedRequest {
-    /// Hashes the prompt into local and sequence hashes (kv-events §2) when `hash` is set.
+    /// Hashes the prompt into local and sequence hashes (docs/kv-events.md, "Hashing") when
+    /// `hash` is set.
     pub fn new(request: &RouteRequest<'_>, block_size: u32, hash: bool) -> Self {
         let (local_hashes, seq_hashes) = if hash {
             let seed = kvmesh_kv::seed_for(request.lora_name, request.cache_salt);

@@ -1,7 +1,9 @@
-//! The KV cost function (router.md §4), as a pure function of one candidate's facts.
+//! The KV cost function (docs/routing.md, "Cost function"), as a pure function of one
+//! candidate's facts.
 //!
-//! Kept apart from the router so each term can be tested on its own, the spec's worked example
-//! (§5) reproduced exactly, and the simulator can print a decision's costs.
+//! Kept apart from the router so each term can be tested on its own, the worked example of
+//! docs/routing.md ("Worked example") reproduced exactly, and the simulator can print a
+//! decision's costs.
 
 use crate::config::{KvRouterConfig, apply_legacy_overlap_weight};
 use crate::request::RouterConfigOverride;
@@ -83,7 +85,8 @@ impl EffectiveKv {
         }
     }
 
-    /// Whether the index is consulted at all (credit 0 ⇒ no query, router.md §3 step 2).
+    /// Whether the index is consulted at all (credit 0 ⇒ no query; step 2 of docs/routing.md,
+    /// "KV routing flow").
     pub fn queries_index(&self) -> bool {
         self.weights.overlap_score_credit > 0.0
     }
@@ -141,7 +144,7 @@ pub struct CostBreakdown {
     pub cost: f64,
 }
 
-/// The cost of sending `request` to `candidate` (router.md §4).
+/// The cost of sending `request` to `candidate` (docs/routing.md, "Cost function").
 pub fn kv_cost(weights: &CostWeights, request: &RequestShape, candidate: &CandidateLoad) -> f64 {
     kv_cost_breakdown(weights, request, candidate).cost
 }

@@ -1,4 +1,5 @@
-//! One test per term of the cost function, and the spec's worked example (router.md §5).
+//! One test per term of the cost function, and the worked example of docs/routing.md
+//! ("Worked example").
 
 use super::*;
 

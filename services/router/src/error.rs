@@ -5,7 +5,8 @@ pub const DEFAULT_OVERLOAD_STATUS: u16 = 529;
 
 use kvmesh_runtime::ErrorCode;
 
-/// Message of the overloaded rejection (router.md §8), reproduced exactly.
+/// Message of the overloaded rejection (docs/routing.md, "Busy detection and overload"),
+/// reproduced exactly.
 pub const OVERLOADED_MESSAGE: &str =
     "Service temporarily unavailable: All workers are busy, please retry later";
 
@@ -103,8 +104,8 @@ impl RouteError {
         }
     }
 
-    /// Whether a session binding must be dropped after this failure (router.md §10: any failure
-    /// to select other than cancellation).
+    /// Whether a session binding must be dropped after this failure: any failure to select other
+    /// than cancellation (docs/routing.md, "Session affinity").
     pub fn drops_session(&self) -> bool {
         !matches!(self, RouteError::Cancelled)
     }

@@ -1,4 +1,5 @@
-//! Pins, priorities and the session id from request headers (router.md §9, §10, §15).
+//! Pins, priorities and the session id from request headers (docs/routing.md:
+//! "Pins and routing headers", "Queue", "Session affinity").
 //!
 //! The frontend fills [`RoutingHints`] from `nvext` first and then applies the headers, which win.
 //! Kept here so the frontend, the gRPC service and the processor host read them identically.
@@ -50,10 +51,11 @@ pub fn apply_headers<'a>(
     Ok(())
 }
 
-/// Fills `hints` from a request's `nvext` object (openai.md §8): pins (`backend_instance_id`,
-/// `decode_worker_id`, `dp_rank`), `agent_hints` (`priority`, `strict_priority`, `osl`) and
-/// `session_control` with action `bind` (session stickiness with its `timeout`, 300 s by
-/// default). Apply headers afterwards: they win. A field of the wrong type is a 400 naming it.
+/// Fills `hints` from a request's `nvext` object (docs/http-api.md, "nvext"): pins
+/// (`backend_instance_id`, `decode_worker_id`, `dp_rank`), `agent_hints` (`priority`,
+/// `strict_priority`, `osl`) and `session_control` with action `bind` (session stickiness with
+/// its `timeout`, 300 s by default). Apply headers afterwards: they win. A field of the wrong type
+/// is a 400 naming it.
 pub fn apply_nvext(hints: &mut RoutingHints, nvext: &serde_json::Value) -> Result<(), RouteError> {
     let Some(nvext) = nvext.as_object() else {
         return Err(RouteError::BadRequest("nvext must be an object".into()));

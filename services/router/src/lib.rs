@@ -1,5 +1,5 @@
 //! The kvmesh routing core: which worker serves each request, and what every routed request
-//! still costs until it ends (specs/router.md).
+//! still costs until it ends (docs/routing.md).
 //!
 //! * [`RouterCore`] — one model's router as a deterministic state machine with time passed in:
 //!   every routing mode, the KV cost model, active-load tracking, busy detection, the queue,
@@ -11,7 +11,7 @@
 //! * [`OverlapSource`] — the trait between the router and a KV index (in-process here, remote
 //!   shards later).
 //! * [`RouterConfig`] / [`RouterArgs`] — the typed configuration and its clap flags, named as in
-//!   specs/frontend-flags.md.
+//!   docs/flags.md.
 //! * [`SyncEvent`] — tracker changes as events, for replica sync ([`replica_sync`] publishes and
 //!   applies them over the event plane).
 //! * [`fleet`] — workers, load and indexer clients from discovery, for every process that routes.

@@ -1,7 +1,7 @@
-//! The load-balancing modes that do not look at the KV cache (router.md §2).
+//! The load-balancing modes that do not look at the KV cache (docs/routing.md, "Modes").
 //!
 //! Each takes the eligible candidates (ids ascending) and their in-flight counts and returns the
-//! chosen position. Ties that the spec leaves open are broken uniformly at random with the
+//! chosen position. Ties that Dynamo's rules leave open are broken uniformly at random with the
 //! router's seeded generator, so a stream of short requests on idle workers spreads evenly instead
 //! of piling onto the lowest id.
 

@@ -1,4 +1,5 @@
-//! The router queue (router.md §9): requests parked until a rank has prefill capacity.
+//! The router queue (docs/routing.md, "Queue"): requests parked until a rank has prefill
+//! capacity.
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeMap, HashMap};

@@ -1,6 +1,6 @@
-//! Replica sync over the event plane (router.md §11): every router replica of a model publishes
-//! its tracker changes on `kvmesh.{ns}.router.{model}` and applies the other replicas' changes, so
-//! each one sees the load the others put on the workers.
+//! Replica sync over the event plane (docs/routing.md, "Replica sync"): every router replica of a
+//! model publishes its tracker changes on `kvmesh.{ns}.router.{model}` and applies the other
+//! replicas' changes, so each one sees the load the others put on the workers.
 //!
 //! Best effort by design: a lost event leaves a stale entry that expiry removes, and nothing
 //! here blocks routing (changes leave through a bounded channel that drops when full).

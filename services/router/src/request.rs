@@ -20,8 +20,8 @@ pub fn unique_route_id(request_id: &str) -> String {
     )
 }
 
-/// Per-request changes to the cost model (`router_config_override` of the router API and EPP,
-/// router.md §4). Unset fields keep the router's value.
+/// Per-request changes to the cost model (`router_config_override` of the router API and EPP;
+/// docs/routing.md, "Cost function"). Unset fields keep the router's value.
 #[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize, serde::Deserialize)]
 pub struct RouterConfigOverride {
     /// Replaces `--router-kv-overlap-score-credit`.
@@ -98,7 +98,7 @@ impl<'a> RouteRequest<'a> {
     }
 }
 
-/// Where a request goes (router.md §3 step 6).
+/// Where a request goes (step 6 of docs/routing.md, "KV routing flow").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
     /// The request.
@@ -124,7 +124,7 @@ pub struct Ticket(pub u64);
 pub enum RouteOutcome {
     /// Routed now; the request is tracked until it is freed.
     Routed(Decision),
-    /// Parked (router.md §9); its decision arrives later through
+    /// Parked (docs/routing.md, "Queue"); its decision arrives later through
     /// [`crate::RouterCore::take_dispatched`].
     Queued(Ticket),
 }
@@ -169,7 +169,7 @@ impl TerminalPath {
     ];
 
     /// Whether the request's session binding is dropped (a non-cancellation failure of its
-    /// worker, router.md §10) rather than left to its idle timer.
+    /// worker; docs/routing.md, "Session affinity") rather than left to its idle timer.
     pub fn drops_session(self) -> bool {
         matches!(self, TerminalPath::Error | TerminalPath::Migrated)
     }

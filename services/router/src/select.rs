@@ -1,4 +1,4 @@
-//! Turning costs into a choice (router.md §6).
+//! Turning costs into a choice (docs/routing.md, "Selection").
 
 use crate::rng::Rng;
 

@@ -1,4 +1,5 @@
-//! Session affinity (router.md §10): requests of one session stick to one (worker, dp_rank).
+//! Session affinity (docs/routing.md, "Session affinity"): requests of one session stick to one
+//! (worker, dp_rank).
 
 use std::collections::HashMap;
 use std::time::Duration;

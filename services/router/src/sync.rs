@@ -1,4 +1,4 @@
-//! Tracker changes as events, for replica sync (router.md §11).
+//! Tracker changes as events, for replica sync (docs/routing.md, "Replica sync").
 //!
 //! With `--router-replica-sync` the core records every change it makes to its tracker as a
 //! [`SyncEvent`] ([`crate::RouterCore::take_sync_events`]); the service publishes them as

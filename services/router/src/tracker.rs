@@ -1,4 +1,5 @@
-//! Active-load tracking (router.md §7): what every routed request still costs its worker.
+//! Active-load tracking (docs/routing.md, "Load tracking"): what every routed request still costs
+//! its worker.
 //!
 //! Per (worker, dp_rank) the tracker keeps the number of active requests, a reference-counted
 //! multiset of block hashes and the prefill tokens not yet computed. A request enters at
@@ -132,7 +133,7 @@ pub(crate) struct RankView {
 pub struct RankLoadSnapshot {
     /// Requests active on the rank.
     pub active_requests: u32,
-    /// Weighted distinct blocks held (`active_blocks` of router.md §7).
+    /// Weighted distinct blocks held (`active_blocks` of docs/routing.md, "Load tracking").
     pub active_blocks: u64,
     /// Prefill tokens not yet computed.
     pub prefill_tokens: u64,

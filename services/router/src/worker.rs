@@ -6,8 +6,8 @@
 
 use kvmesh_kv::WorkerKey;
 
-/// A worker's advertised capacity and data-parallel layout (`ModelRuntimeConfig`,
-/// discovery.md §4). A worker without one is not a `kv` candidate yet.
+/// A worker's advertised capacity and data-parallel layout (`ModelRuntimeConfig`;
+/// docs/discovery.md, "Runtime config"). A worker without one is not a `kv` candidate yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RuntimeConfig {
     /// KV blocks per data-parallel rank (decode busy check, approximate `lru`).

@@ -1,4 +1,4 @@
-//! Each cost-model and index flag changes routing (frontend-flags.md router rows).
+//! Each cost-model and index flag changes routing (docs/flags.md, "Router flags").
 
 #[path = "support/helpers.rs"]
 mod helpers;

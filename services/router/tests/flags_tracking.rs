@@ -1,4 +1,4 @@
-//! Each load-tracking, busy and expiry flag changes behaviour (frontend-flags.md router rows).
+//! Each load-tracking, busy and expiry flag changes behaviour (docs/flags.md, "Router flags").
 
 #[path = "support/helpers.rs"]
 mod helpers;

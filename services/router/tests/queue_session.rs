@@ -1,4 +1,4 @@
-//! The queue (router.md §9) and session affinity (§10).
+//! The queue and session affinity (docs/routing.md, "Queue" and "Session affinity").
 
 #[path = "support/helpers.rs"]
 mod helpers;

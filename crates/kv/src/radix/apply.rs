@@ -281,7 +281,8 @@ pub(super) fn tiers_of(mask: u32) -> impl Iterator<Item = Tier> {
         .filter(move |tier| mask & (1 << tier.index()) != 0)
 }
 
-/// Whether a stored event repeats a hash among its blocks and parent (kv-events §3).
+/// Whether a stored event repeats a hash among its blocks and parent (a self-reference;
+/// docs/kv-events.md, "Event model").
 ///
 /// Short events compare pairwise. Longer ones set one bit per hash in `bitmap` (65 536 bits,
 /// all clear between calls) and only sort when two hashes share a bit.

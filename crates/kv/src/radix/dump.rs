@@ -1,4 +1,5 @@
-//! Dumping the index as events (snapshots, indexer.md §3) and rebuilding from them.
+//! Dumping the index as events (snapshots; docs/indexer.md, "Snapshots and bootstrap") and
+//! rebuilding from them.
 //!
 //! A dump is the events that rebuild the state exactly: per member, stored events with parents
 //! before children (chains merged into one event where possible), and worker-removed markers for

@@ -54,8 +54,8 @@ thread_local! {
 
 impl RadixIndex {
     /// For the sequence of local (tokens) hashes, the leading blocks each member holds, per tier,
-    /// with per-depth frequencies (indexer.md §1). Runs on the caller's thread; allocation-free
-    /// apart from the answer.
+    /// with per-depth frequencies (docs/indexer.md, "Matching"). Runs on the caller's thread;
+    /// allocation-free apart from the answer.
     pub fn find_matches(&self, local_hashes: &[u64]) -> OverlapScores {
         let mut out = OverlapScores::default();
         find_into(

@@ -41,7 +41,7 @@ impl ApplyCursor {
 
 impl RadixIndex {
     /// Applies a run of one member's consecutive events (a batch's body) under the ordering
-    /// rules of kv-events §5.
+    /// rules of docs/kv-events.md, "Ordering rules".
     pub fn apply_events(&mut self, worker: WorkerKey, events: &[KvEvent]) {
         self.apply_slice(worker, events, &mut ApplyCursor::new(), usize::MAX);
     }

@@ -111,7 +111,7 @@ pub struct ChatCompletionRequest {
     /// vLLM: documents for retrieval templates.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub documents: Option<Value>,
-    /// NVIDIA extensions (openai.md §8), interpreted by the frontend.
+    /// NVIDIA extensions (docs/http-api.md, "nvext"), interpreted by the frontend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvext: Option<Value>,
 }

@@ -91,7 +91,7 @@ pub struct CompletionRequest {
     /// vLLM: token ids that end generation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_token_ids: Option<Vec<u32>>,
-    /// NVIDIA extensions (openai.md §8).
+    /// NVIDIA extensions (docs/http-api.md, "nvext").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvext: Option<Value>,
 }

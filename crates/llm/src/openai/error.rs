@@ -2,8 +2,9 @@
 
 use serde::{Deserialize, Serialize};
 
-/// `{"error":{"message","type","param","code"},"message","type","code"}` (openai.md §2). The
-/// SDKs read `error`; the flat fields keep clients of older Dynamo versions working.
+/// `{"error":{"message","type","param","code"},"message","type","code"}` (docs/http-api.md,
+/// "Errors"). The SDKs read `error`; the flat fields keep clients of older Dynamo versions
+/// working.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorResponse {
     /// The OpenAI error object.

@@ -1,4 +1,5 @@
-//! Request validation (openai.md §2) and the normalized sampling options both endpoints share.
+//! Request validation (docs/http-api.md, "Validation") and the normalized sampling options both
+//! endpoints share.
 
 use super::chat::ChatCompletionRequest;
 use super::common::Stop;
@@ -118,7 +119,7 @@ impl ChatCompletionRequest {
         }
     }
 
-    /// Checks the request against openai.md §2; the error names the offending field.
+    /// Checks the request (docs/http-api.md, "Validation"); the error names the offending field.
     pub fn validate(&self) -> Result<(), LlmError> {
         if self.messages.is_empty() {
             return Err(LlmError::invalid(
@@ -176,7 +177,7 @@ impl CompletionRequest {
         }
     }
 
-    /// Checks the request against openai.md §2; the error names the offending field.
+    /// Checks the request (docs/http-api.md, "Validation"); the error names the offending field.
     pub fn validate(&self) -> Result<(), LlmError> {
         if self.prompt.is_empty() || self.prompt.has_empty_prompt() {
             return Err(LlmError::invalid("prompt", "'prompt' must not be empty"));

@@ -1,9 +1,10 @@
 //! etcd discovery: every key of a process is bound to one lease, kept alive while it runs.
 //!
-//! The lease id is the instance id (discovery.md §2). A crash stops the keep-alive, the lease
-//! expires and etcd deletes the keys for everyone. Watches list with a revision and then watch
-//! from the next one; on a broken stream they resume from the last revision seen, and when that
-//! revision was compacted away they re-list and report only the difference.
+//! The lease id is the instance id (docs/discovery.md, "Instance ids and leases"). A crash stops
+//! the keep-alive, the lease expires and etcd deletes the keys for everyone. Watches list with a
+//! revision and then watch from the next one; on a broken stream they resume from the last
+//! revision seen, and when that revision was compacted away they re-list and report only the
+//! difference.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -28,7 +29,7 @@ use crate::{Error, Result};
 /// The endpoint used when `ETCD_ENDPOINTS` is not set.
 pub const DEFAULT_ENDPOINT: &str = "http://localhost:2379";
 
-/// Lease TTL (discovery.md §2).
+/// Lease TTL (docs/discovery.md, "Instance ids and leases").
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
 
 /// Bound on any single etcd request, so a dead server surfaces as an error.

@@ -1,9 +1,10 @@
 //! File discovery: one file per key under a shared directory, for many processes on one host.
 //!
-//! A key `/kvmesh/...` is the file `{root}/kvmesh/...` (discovery.md §2). Writes go to a temp file
-//! under `{root}/.kvmesh-tmp/` renamed into place, so readers never see half a value. Liveness is
-//! the file's mtime: the owner touches its files every TTL/3 (at least 1 s), and a file older
-//! than the TTL is expired, which watchers report as a delete (and then remove the file).
+//! A key `/kvmesh/...` is the file `{root}/kvmesh/...` (docs/discovery.md, "Instance ids and
+//! leases"). Writes go to a temp file under `{root}/.kvmesh-tmp/` renamed into place, so readers
+//! never see half a value. Liveness is the file's mtime: the owner touches its files every TTL/3
+//! (at least 1 s), and a file older than the TTL is expired, which watchers report as a delete
+//! (and then remove the file).
 //! Watchers combine filesystem notifications with a rescan every second, diffing each scan
 //! against what they already reported, so they never report a change twice; a key that appears
 //! and vanishes between two scans may go unseen.
@@ -27,7 +28,8 @@ use super::mem::random_instance_id;
 use super::{Discovery, KeyValue, WatchEvent, WatchStream};
 use crate::{Error, Result};
 
-/// How long a key file lives without being touched (discovery.md §2).
+/// How long a key file lives without being touched (docs/discovery.md, "Instance ids and
+/// leases").
 pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
 
 /// How often watchers rescan even without filesystem notifications.

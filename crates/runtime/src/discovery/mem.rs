@@ -20,7 +20,7 @@ use crate::{Error, Result};
 /// A random, non-zero u64 for backends that have no server to hand out instance ids.
 ///
 /// 64 random bits make a collision between live or past instances vanishingly unlikely, which
-/// is what "instance ids are never reused" (discovery.md §2) needs.
+/// is what "instance ids are never reused" (docs/discovery.md, "Instance ids and leases") needs.
 pub fn random_instance_id() -> u64 {
     loop {
         let (high, low) = uuid::Uuid::new_v4().as_u64_pair();

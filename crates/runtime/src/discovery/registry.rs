@@ -1,9 +1,9 @@
 //! Typed records on top of any [`Discovery`] backend.
 //!
-//! Processes register `InstanceRecord`s and `ModelRecord`s (protobuf JSON, discovery.md §1) and
-//! watch them as typed added/removed events, filtered by namespace (discovery.md §3). Values that
-//! do not decode are logged and skipped: a bad record from one process must not take down the
-//! processes watching it.
+//! Processes register `InstanceRecord`s and `ModelRecord`s (protobuf JSON; docs/discovery.md,
+//! "Keys and records") and watch them as typed added/removed events, filtered by namespace
+//! (docs/discovery.md, "Watching"). Values that do not decode are logged and skipped: a bad record
+//! from one process must not take down the processes watching it.
 
 use std::pin::Pin;
 use std::sync::Arc;

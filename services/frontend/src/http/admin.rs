@@ -1,5 +1,6 @@
-//! `GET`/`POST /busy_threshold` (router.md §8): read and change each model's busy thresholds at
-//! run time. With remote router replicas in use the change goes to every replica as well.
+//! `GET`/`POST /busy_threshold` (docs/routing.md, "Busy detection and overload"): read and
+//! change each model's busy thresholds at run time. With remote router replicas in use the change
+//! goes to every replica as well.
 
 use std::sync::Arc;
 

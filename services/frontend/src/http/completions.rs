@@ -41,7 +41,8 @@ pub async fn completions(
 
 /// Rejects options this release cannot honour, instead of ignoring them.
 pub(crate) fn check_supported(sampling: &SamplingOptions) -> Result<(), FrontendError> {
-    // Valid requests this release cannot serve: 501, not the client's mistake (openai.md §2).
+    // Valid requests this release cannot serve: 501, not the client's mistake
+    // (docs/http-api.md, "Errors").
     if sampling.n > 1 {
         return Err(FrontendError::NotImplemented(format!(
             "n = {} is not supported yet; only n = 1",

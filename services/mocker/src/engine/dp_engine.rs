@@ -1,5 +1,5 @@
-//! The scheduler of one data-parallel rank (specs/mocker.md section 1): a FCFS waiting queue and a
-//! running set sharing one block pool, stepped one pass at a time by a driver.
+//! The scheduler of one data-parallel rank (docs/mocker.md, "Scheduler"): a FCFS waiting queue
+//! and a running set sharing one block pool, stepped one pass at a time by a driver.
 
 use std::collections::{HashSet, VecDeque};
 

@@ -1,5 +1,5 @@
-//! The paged KV block pool of one rank (specs/mocker.md section 1) and the KV events it owes the
-//! indexers (section 4).
+//! The paged KV block pool of one rank (docs/mocker.md, "Block pool") and the KV events it owes
+//! the indexers ("What it publishes").
 //!
 //! Full blocks are identified by sequence hash and exist at most once: a use of a cached hash
 //! takes a reference instead of a copy, so "the last copy of a hash leaves" is simply "its block is

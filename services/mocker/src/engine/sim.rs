@@ -1,6 +1,6 @@
-//! Deterministic virtual-time driver (specs/mocker.md section 5): one integer-microsecond clock,
-//! K engines, and a discrete-event loop that reports each pass's tokens, KV events and load at the
-//! pass's end time, before anything later happens.
+//! Deterministic virtual-time driver (docs/mocker.md, "Virtual time"): one integer-microsecond
+//! clock, K engines, and a discrete-event loop that reports each pass's tokens, KV events and load
+//! at the pass's end time, before anything later happens.
 //!
 //! Events are ordered by `(time, kind, worker index, arrival index)` with kinds in the order pass
 //! end, arrival, pass start: an arrival at the instant a pass ends sees that pass's events, and a

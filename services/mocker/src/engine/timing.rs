@@ -1,4 +1,4 @@
-//! The pass-duration model of specs/mocker.md section 2 (Dynamo's polynomial defaults).
+//! The pass-duration model of docs/mocker.md, "Timing" (Dynamo's polynomial defaults).
 //!
 //! Both terms are unscaled milliseconds; drivers divide by `--speedup-ratio` (and the decode term by
 //! `--decode-speedup-ratio`). Plain f64 arithmetic without fused multiply-add, so every machine
@@ -24,7 +24,8 @@ pub fn decode_ms(kv_usage: f64) -> f64 {
 /// Whole microseconds a pass lasts once the speedup ratios are applied; 0 when `speedup_ratio` is
 /// 0 (infinitely fast) or not a positive number.
 ///
-/// Exists so the virtual-time simulator rounds every pass the same way (specs/mocker.md section 5).
+/// Exists so the virtual-time simulator rounds every pass the same way (docs/mocker.md,
+/// "Virtual time").
 pub fn pass_duration_us(
     prefill_ms: f64,
     decode_ms: f64,

@@ -22,7 +22,7 @@ pub struct EngineRequest {
     /// outputs always run to a stop token or the length limit; explicit stop token ids still
     /// apply, as in vLLM.
     pub ignore_eos: bool,
-    /// LoRA adapter; mixed into the block hashes (specs/kv-events.md section 2).
+    /// LoRA adapter; mixed into the block hashes (docs/kv-events.md, "Hashing").
     pub lora_name: Option<String>,
 }
 
@@ -63,8 +63,8 @@ pub struct StoredBlock {
     pub tokens_hash: u64,
 }
 
-/// A change to the set of blocks this rank holds, as published to the indexers (specs/kv-events.md
-/// section 3, specs/mocker.md section 4).
+/// A change to the set of blocks this rank holds, as published to the indexers
+/// (docs/kv-events.md, "Event model"; docs/mocker.md, "What it publishes").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KvCacheEvent {
     /// A chain of newly cached full blocks.
@@ -86,7 +86,7 @@ pub enum KvCacheEvent {
 /// What one scheduler pass did.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct StepOutput {
-    /// Unscaled prefill term of the pass (specs/mocker.md section 2); 0 when it had no prefill.
+    /// Unscaled prefill term of the pass (docs/mocker.md, "Timing"); 0 when it had no prefill.
     pub prefill_ms: f64,
     /// Unscaled decode term of the pass; 0 when it had no decoding sequence.
     pub decode_ms: f64,

@@ -1,5 +1,6 @@
-//! One decision: filters, overlap, the queue, scoring, selection and recording
-//! (router.md §1, §3, §6, §9, §10, §15).
+//! One decision: filters, overlap, the queue, scoring, selection and recording (docs/routing.md:
+//! "Candidates and filters", "KV routing flow", "Selection", "Queue", "Session affinity",
+//! "Pins and routing headers").
 
 use std::time::Duration;
 
@@ -224,8 +225,8 @@ impl RouterCore {
         Ok(plan)
     }
 
-    /// Candidates after allowed ids, pins and busy (router.md §1); a failure drops a hard
-    /// binding that caused it.
+    /// Candidates after allowed ids, pins and busy (docs/routing.md, "Candidates and filters"); a
+    /// failure drops a hard binding that caused it.
     fn eligible(
         &mut self,
         prepared: &PreparedRequest,

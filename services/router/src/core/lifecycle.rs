@@ -1,5 +1,5 @@
 //! A routed request's life after the decision (first token, output, end, expiry) and the
-//! replica-sync events that mirror it (router.md §7, §11).
+//! replica-sync events that mirror it (docs/routing.md, "Load tracking" and "Replica sync").
 
 use std::sync::Arc;
 use std::time::Duration;

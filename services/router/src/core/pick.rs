@@ -1,4 +1,5 @@
-//! Choosing among eligible candidates and recording the choice (router.md §2, §4, §6, §7).
+//! Choosing among eligible candidates and recording the choice (docs/routing.md: "Modes",
+//! "Cost function", "Selection", "Load tracking").
 
 use std::time::Duration;
 
