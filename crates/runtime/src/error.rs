@@ -2,6 +2,11 @@
 //!
 //! Each crate has its own `thiserror` enum; each enum says which [`ErrorCode`] it is. The code maps
 //! to an HTTP status (with an OpenAI error `type`) and to a gRPC status in exactly one place here.
+//!
+//! Across gRPC the code travels in the status's metadata ([`ERROR_CODE_KEY`]), beside a finer
+//! `reason` a crate may add ([`ERROR_REASON_KEY`]), so the receiving side recovers exactly what
+//! the sender meant whatever its message says; a peer that sets neither (another implementation
+//! of a contract) is read by its gRPC code alone.
 
 /// What kind of failure an error is, independent of the protocol that reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -105,10 +110,92 @@ impl ErrorCode {
         }
     }
 
-    /// A gRPC status with this code and message.
-    pub fn to_status(self, message: impl Into<String>) -> tonic::Status {
-        tonic::Status::new(self.grpc_code(), message)
+    /// The stable name of this code on the wire (gRPC metadata, `RouteFailure`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::InvalidArgument => "invalid_argument",
+            Self::NotFound => "not_found",
+            Self::PayloadTooLarge => "payload_too_large",
+            Self::MethodNotAllowed => "method_not_allowed",
+            Self::Unavailable => "unavailable",
+            Self::Overloaded => "overloaded",
+            Self::Timeout => "timeout",
+            Self::NotImplemented => "not_implemented",
+            Self::Cancelled => "cancelled",
+            Self::Internal => "internal",
+        }
     }
+
+    /// The code [`Self::name`] gives, if `name` is one.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|code| code.name() == name)
+    }
+
+    /// Every code, for tables and tests.
+    pub const ALL: [Self; 10] = [
+        Self::InvalidArgument,
+        Self::NotFound,
+        Self::PayloadTooLarge,
+        Self::MethodNotAllowed,
+        Self::Unavailable,
+        Self::Overloaded,
+        Self::Timeout,
+        Self::NotImplemented,
+        Self::Cancelled,
+        Self::Internal,
+    ];
+
+    /// A gRPC status with this code and message; the code itself rides in the metadata.
+    pub fn to_status(self, message: impl Into<String>) -> tonic::Status {
+        self.to_status_with_reason(message, None)
+    }
+
+    /// [`Self::to_status`] with a finer reason a receiver of the same crate reads back with
+    /// [`status_reason`] (for example which routing failure it was).
+    #[allow(clippy::disallowed_methods, reason = "the one place a status is built")]
+    pub fn to_status_with_reason(
+        self,
+        message: impl Into<String>,
+        reason: Option<&'static str>,
+    ) -> tonic::Status {
+        let mut metadata = tonic::metadata::MetadataMap::new();
+        metadata.insert(
+            ERROR_CODE_KEY,
+            tonic::metadata::MetadataValue::from_static(self.name()),
+        );
+        if let Some(reason) = reason {
+            metadata.insert(
+                ERROR_REASON_KEY,
+                tonic::metadata::MetadataValue::from_static(reason),
+            );
+        }
+        tonic::Status::with_metadata(self.grpc_code(), message, metadata)
+    }
+
+    /// The code a gRPC status stands for: the one its sender put in the metadata, else the
+    /// nearest to its gRPC code.
+    pub fn of_status(status: &tonic::Status) -> Self {
+        status
+            .metadata()
+            .get(ERROR_CODE_KEY)
+            .and_then(|value| value.to_str().ok())
+            .and_then(Self::from_name)
+            .unwrap_or_else(|| Self::from_grpc(status.code()))
+    }
+}
+
+/// Metadata key of the [`ErrorCode`] a kvmesh gRPC server failed with.
+pub const ERROR_CODE_KEY: &str = "kvmesh-error-code";
+
+/// Metadata key of the finer reason beside the code (see [`ErrorCode::to_status_with_reason`]).
+pub const ERROR_REASON_KEY: &str = "kvmesh-error-reason";
+
+/// The reason a kvmesh server put beside the code of `status`, if any.
+pub fn status_reason(status: &tonic::Status) -> Option<&str> {
+    status
+        .metadata()
+        .get(ERROR_REASON_KEY)
+        .and_then(|value| value.to_str().ok())
 }
 
 /// Errors of the runtime crate: discovery, event plane, configuration.
@@ -162,6 +249,27 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "a status as another peer sends it"
+    )]
+    fn every_code_crosses_grpc_intact_whatever_its_message() {
+        for code in ErrorCode::ALL {
+            let status = code.to_status("a message that says something else entirely");
+            assert_eq!(ErrorCode::of_status(&status), code);
+            assert_eq!(status.code(), code.grpc_code());
+            assert_eq!(ErrorCode::from_name(code.name()), Some(code));
+            let reasoned = code.to_status_with_reason("", Some("why"));
+            assert_eq!(ErrorCode::of_status(&reasoned), code);
+            assert_eq!(status_reason(&reasoned), Some("why"));
+            assert_eq!(status_reason(&status), None);
+        }
+        // A peer that sends no metadata is read by its gRPC code.
+        let foreign = tonic::Status::resource_exhausted("busy");
+        assert_eq!(ErrorCode::of_status(&foreign), ErrorCode::Overloaded);
+    }
 
     #[test]
     fn codes_round_trip_through_grpc() {

@@ -85,10 +85,14 @@ pub fn connect_worker(
             .read()
             .ok()
             .and_then(|table| table.get(address).cloned())
-            .ok_or_else(|| tonic::Status::unavailable(format!("no embedded worker {address}")));
+            .ok_or_else(|| {
+                crate::ErrorCode::Unavailable.to_status(format!("no embedded worker {address}"))
+            });
     }
-    let mut endpoint = crate::net::mesh_endpoint(address, settings.connect_timeout)
-        .map_err(|e| tonic::Status::invalid_argument(format!("worker address {address}: {e}")))?;
+    let mut endpoint =
+        crate::net::mesh_endpoint(address, settings.connect_timeout).map_err(|e| {
+            crate::ErrorCode::InvalidArgument.to_status(format!("worker address {address}: {e}"))
+        })?;
     if let Some(window) = settings.connection_window {
         endpoint = endpoint.initial_connection_window_size(window);
     }

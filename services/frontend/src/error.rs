@@ -154,7 +154,7 @@ impl FrontendError {
 impl From<tonic::Status> for FrontendError {
     fn from(status: tonic::Status) -> Self {
         Self::Worker {
-            code: ErrorCode::from_grpc(status.code()),
+            code: ErrorCode::of_status(&status),
             message: status.message().to_string(),
         }
     }

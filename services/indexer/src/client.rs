@@ -67,10 +67,10 @@ impl QueryStream {
         self.tx
             .send((request, reply))
             .await
-            .map_err(|_| tonic::Status::unavailable("query stream closed"))?;
-        answer
-            .await
-            .unwrap_or_else(|_| Err(tonic::Status::unavailable("query stream closed")))
+            .map_err(|_| kvmesh_runtime::ErrorCode::Unavailable.to_status("query stream closed"))?;
+        answer.await.unwrap_or_else(|_| {
+            Err(kvmesh_runtime::ErrorCode::Unavailable.to_status("query stream closed"))
+        })
     }
 }
 
@@ -102,7 +102,9 @@ async fn run_query_stream(
         }
         let (out_tx, out_rx) = mpsc::channel(MAX_IN_FLIGHT);
         if out_tx.try_send(first).is_err() {
-            let _ = reply.send(Err(tonic::Status::unavailable("query stream closed")));
+            let _ = reply.send(Err(
+                kvmesh_runtime::ErrorCode::Unavailable.to_status("query stream closed")
+            ));
             continue;
         }
         waiting.push_back((reply, Instant::now()));
@@ -129,8 +131,8 @@ async fn run_query_stream(
                     }
                     // Never full: the channel holds at most the unanswered queries.
                     if out_tx.try_send(request).is_err() {
-                        let _ = reply.send(Err(tonic::Status::unavailable("query stream closed")));
-                        fail_all(&mut waiting, &tonic::Status::unavailable("query stream closed"));
+                        let _ = reply.send(Err(kvmesh_runtime::ErrorCode::Unavailable.to_status("query stream closed")));
+                        fail_all(&mut waiting, &kvmesh_runtime::ErrorCode::Unavailable.to_status("query stream closed"));
                         break;
                     }
                     waiting.push_back((reply, Instant::now()));
@@ -146,12 +148,12 @@ async fn run_query_stream(
                         break;
                     }
                     None => {
-                        fail_all(&mut waiting, &tonic::Status::unavailable("query stream ended"));
+                        fail_all(&mut waiting, &kvmesh_runtime::ErrorCode::Unavailable.to_status("query stream ended"));
                         break;
                     }
                 },
                 _ = tokio::time::sleep_until(oldest + STALLED_AFTER), if !waiting.is_empty() => {
-                    fail_all(&mut waiting, &tonic::Status::unavailable("indexer replica stopped answering"));
+                    fail_all(&mut waiting, &kvmesh_runtime::ErrorCode::Unavailable.to_status("indexer replica stopped answering"));
                     break;
                 }
             }

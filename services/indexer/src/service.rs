@@ -76,11 +76,11 @@ impl IndexerService {
         self.control
             .send(request)
             .await
-            .map_err(|_| tonic::Status::unavailable("indexer is stopping"))?;
+            .map_err(|_| kvmesh_runtime::ErrorCode::Unavailable.to_status("indexer is stopping"))?;
         let cut = rx
             .await
-            .map_err(|_| tonic::Status::unavailable("indexer is stopping"))?
-            .map_err(tonic::Status::internal)?;
+            .map_err(|_| kvmesh_runtime::ErrorCode::Unavailable.to_status("indexer is stopping"))?
+            .map_err(|error| kvmesh_runtime::ErrorCode::Internal.to_status(error))?;
         self.metrics.update(&cut);
         Ok(cut)
     }
@@ -88,9 +88,8 @@ impl IndexerService {
     /// Answers one query (unary or on a stream).
     fn answer(&self, request: FindMatchesRequest) -> Result<FindMatchesResponse, tonic::Status> {
         if self.state.state() != IndexerState::Serving {
-            return Err(tonic::Status::unavailable(
-                "indexer replica is not serving yet",
-            ));
+            return Err(kvmesh_runtime::ErrorCode::Unavailable
+                .to_status("indexer replica is not serving yet"));
         }
         let started = Instant::now();
         let hashes = self.local_hashes(&request)?;
@@ -113,9 +112,8 @@ impl IndexerService {
             return Ok(request.local_hashes.clone());
         }
         if !request.local_hashes.is_empty() {
-            return Err(tonic::Status::invalid_argument(
-                "give either local_hashes or token_ids, not both",
-            ));
+            return Err(kvmesh_runtime::ErrorCode::InvalidArgument
+                .to_status("give either local_hashes or token_ids, not both"));
         }
         let block_size = match request.block_size {
             0 => self
@@ -124,7 +122,7 @@ impl IndexerService {
                 .get(&request.model)
                 .copied()
                 .ok_or_else(|| {
-                    tonic::Status::invalid_argument(format!(
+                    kvmesh_runtime::ErrorCode::InvalidArgument.to_status(format!(
                         "block_size is required: no model card for {:?}",
                         request.model
                     ))
@@ -198,16 +196,13 @@ impl Indexer for IndexerService {
         _request: tonic::Request<SnapshotRequest>,
     ) -> Result<tonic::Response<Self::SnapshotStream>, tonic::Status> {
         if self.state.state() != IndexerState::Serving {
-            return Err(tonic::Status::unavailable(
-                "indexer replica is not serving yet",
-            ));
+            return Err(kvmesh_runtime::ErrorCode::Unavailable
+                .to_status("indexer replica is not serving yet"));
         }
-        let permit = self
-            .snapshots
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| tonic::Status::unavailable("indexer is stopping"))?;
+        let permit =
+            self.snapshots.clone().acquire_owned().await.map_err(|_| {
+                kvmesh_runtime::ErrorCode::Unavailable.to_status("indexer is stopping")
+            })?;
         let cut = self.cut(true).await?;
         let layout = &self.state.layout;
         let header = SnapshotHeader {

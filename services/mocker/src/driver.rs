@@ -146,9 +146,9 @@ pub async fn run_rank(
             };
             let mut response = GenerateResponse::default();
             if let Some(FinishKind::Error(message)) = &output.finish {
-                let _ = entry
-                    .tx
-                    .send(Err(tonic::Status::invalid_argument(message.clone())));
+                let _ = entry.tx.send(Err(
+                    kvmesh_runtime::ErrorCode::InvalidArgument.to_status(message.clone())
+                ));
                 pending.remove(&output.key);
                 continue;
             }

@@ -47,9 +47,9 @@ impl MockWorker {
 
     fn start(&self, request: GenerateRequest) -> Result<ResponseStream, tonic::Status> {
         if request.token_ids.is_empty() {
-            return Err(tonic::Status::invalid_argument(
-                "token_ids must not be empty",
-            ));
+            return Err(
+                kvmesh_runtime::ErrorCode::InvalidArgument.to_status("token_ids must not be empty")
+            );
         }
         let dp_rank = request
             .routing
@@ -57,7 +57,7 @@ impl MockWorker {
             .and_then(|routing| routing.dp_rank)
             .unwrap_or(0);
         let rank = self.ranks.get(dp_rank as usize).ok_or_else(|| {
-            tonic::Status::invalid_argument(format!(
+            kvmesh_runtime::ErrorCode::InvalidArgument.to_status(format!(
                 "dp_rank {dp_rank} out of range (worker has {} ranks)",
                 self.ranks.len()
             ))
@@ -75,7 +75,9 @@ impl MockWorker {
         };
         let (tx, rx) = mpsc::unbounded_channel();
         rank.send(Command::Add(Box::new(engine_request), tx))
-            .map_err(|_| tonic::Status::unavailable("worker is shutting down"))?;
+            .map_err(|_| {
+                kvmesh_runtime::ErrorCode::Unavailable.to_status("worker is shutting down")
+            })?;
         let guard = self.inflight.enter();
         Ok(UnboundedReceiverStream::new(rx)
             .map(move |item| {
@@ -92,12 +94,12 @@ impl MockWorker {
         let mut replies = Vec::with_capacity(self.ranks.len());
         for rank in self.ranks.iter() {
             let (tx, rx) = oneshot::channel();
-            rank.send(make(tx))
-                .map_err(|_| tonic::Status::unavailable("worker is shutting down"))?;
-            replies.push(
-                rx.await
-                    .map_err(|_| tonic::Status::unavailable("worker is shutting down"))?,
-            );
+            rank.send(make(tx)).map_err(|_| {
+                kvmesh_runtime::ErrorCode::Unavailable.to_status("worker is shutting down")
+            })?;
+            replies.push(rx.await.map_err(|_| {
+                kvmesh_runtime::ErrorCode::Unavailable.to_status("worker is shutting down")
+            })?);
         }
         Ok(replies)
     }

@@ -10,9 +10,6 @@ use kvmesh_runtime::ErrorCode;
 pub const OVERLOADED_MESSAGE: &str =
     "Service temporarily unavailable: All workers are busy, please retry later";
 
-/// How the unknown-model message starts (the model name follows).
-const UNKNOWN_MODEL_PREFIX: &str = "the router does not serve model ";
-
 /// A routing failure. Each kind knows its HTTP status; the gRPC mapping lives with the service.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RouteError {
@@ -32,7 +29,7 @@ pub enum RouteError {
     #[error("request was cancelled while queued")]
     Cancelled,
     /// The router does not know the model (yet): a remote replica that has not discovered it.
-    #[error("{UNKNOWN_MODEL_PREFIX}{0}")]
+    #[error("the router does not serve model {0}")]
     UnknownModel(String),
     /// No remote router replica answered.
     #[error("no router replica is reachable: {0}")]
@@ -70,38 +67,56 @@ impl RouteError {
         }
     }
 
-    /// The gRPC status the router service answers with.
+    /// Which failure this is, as named beside the code on the wire (see [`Self::to_status`]).
+    fn reason(&self) -> &'static str {
+        match self {
+            RouteError::NoEndpoint => "no_endpoint",
+            RouteError::Overloaded => "overloaded",
+            RouteError::BadRequest(_) => "bad_request",
+            RouteError::NotReady => "not_ready",
+            RouteError::Cancelled => "cancelled",
+            RouteError::UnknownModel(_) => "unknown_model",
+            RouteError::Unreachable(_) => "unreachable",
+            RouteError::Worker { .. } => "worker",
+        }
+    }
+
+    /// The gRPC status the router service answers with: its code (a model the router does not
+    /// know is `NotFound` here) and, in the metadata, which routing failure it was.
     pub fn to_status(&self) -> tonic::Status {
         let code = match self {
             RouteError::UnknownModel(_) => ErrorCode::NotFound,
             other => other.code(),
         };
-        code.to_status(self.to_string())
+        let message = match self {
+            // The worker's own words: the receiver wraps them in its own context.
+            RouteError::Worker { message, .. } => message.clone(),
+            other => other.to_string(),
+        };
+        code.to_status_with_reason(message, Some(self.reason()))
     }
 
-    /// The routing failure a router replica's gRPC status stands for (the inverse of
-    /// [`Self::to_status`]); `None` when the status says the replica itself failed, so the
-    /// caller should try another replica.
-    pub fn from_status(status: &tonic::Status) -> Option<Self> {
-        let message = status.message();
-        match status.code() {
-            tonic::Code::ResourceExhausted => Some(RouteError::Overloaded),
-            tonic::Code::InvalidArgument => Some(RouteError::BadRequest(message.to_string())),
-            tonic::Code::NotFound => Some(RouteError::UnknownModel(
-                message
-                    .strip_prefix(UNKNOWN_MODEL_PREFIX)
-                    .unwrap_or(message)
-                    .to_string(),
-            )),
-            tonic::Code::Cancelled => Some(RouteError::Cancelled),
-            tonic::Code::Unavailable if message == RouteError::NotReady.to_string() => {
-                Some(RouteError::NotReady)
-            }
-            tonic::Code::Unavailable if message == RouteError::NoEndpoint.to_string() => {
-                Some(RouteError::NoEndpoint)
-            }
-            _ => None,
-        }
+    /// The routing failure a router replica's status stands for (the inverse of
+    /// [`Self::to_status`], read from the status's metadata, never from its message); `None`
+    /// when the replica itself failed (no routing reason: a transport error, a replica
+    /// stopping), so the caller should try another replica. `model` is the model the call was
+    /// about.
+    pub fn from_status(status: &tonic::Status, model: &str) -> Option<Self> {
+        let message = || status.message().to_string();
+        let error = match kvmesh_runtime::error::status_reason(status)? {
+            "no_endpoint" => RouteError::NoEndpoint,
+            "overloaded" => RouteError::Overloaded,
+            "bad_request" => RouteError::BadRequest(message()),
+            "not_ready" => RouteError::NotReady,
+            "cancelled" => RouteError::Cancelled,
+            "unknown_model" => RouteError::UnknownModel(model.to_string()),
+            "worker" => RouteError::Worker {
+                code: ErrorCode::of_status(status),
+                message: message(),
+            },
+            _ => return None,
+        };
+        Some(error)
     }
 
     /// Whether a session binding must be dropped after this failure: any failure to select other
@@ -116,6 +131,10 @@ mod tests {
     use super::*;
 
     #[test]
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "statuses as other peers send them"
+    )]
     fn statuses() {
         assert_eq!(
             RouteError::Overloaded.http_status(DEFAULT_OVERLOAD_STATUS),
@@ -131,11 +150,36 @@ mod tests {
             RouteError::BadRequest("bad".into()),
             RouteError::Cancelled,
             RouteError::UnknownModel("m".into()),
+            RouteError::Worker {
+                code: ErrorCode::InvalidArgument,
+                message: "prompt too long".into(),
+            },
         ] {
-            assert_eq!(RouteError::from_status(&error.to_status()), Some(error));
+            let status = error.to_status();
+            assert_eq!(RouteError::from_status(&status, "m"), Some(error.clone()));
+            // The kind survives a message that says something else.
+            let reworded = tonic::Status::with_metadata(
+                status.code(),
+                match &error {
+                    RouteError::BadRequest(message) => message.clone(),
+                    RouteError::Worker { message, .. } => message.clone(),
+                    _ => "reworded by a newer replica".to_string(),
+                },
+                status.metadata().clone(),
+            );
+            assert_eq!(RouteError::from_status(&reworded, "m"), Some(error.clone()));
+            // And it survives the RouteStream's failure message.
+            let streamed =
+                crate::wire::failure_from_proto(crate::wire::failure_to_proto(&reworded));
+            assert_eq!(RouteError::from_status(&streamed, "m"), Some(error));
         }
+        // A replica's own failure carries no routing reason: try another replica.
         assert_eq!(
-            RouteError::from_status(&tonic::Status::unavailable("connection refused")),
+            RouteError::from_status(&tonic::Status::unavailable("connection refused"), "m"),
+            None
+        );
+        assert_eq!(
+            RouteError::from_status(&ErrorCode::Unavailable.to_status("stopping"), "m"),
             None
         );
         assert_eq!(

@@ -80,11 +80,11 @@ impl RouteChannel {
         self.tx
             .send(Outgoing::Route(Box::new(request), reply))
             .await
-            .map_err(|_| tonic::Status::unavailable("route stream closed"))?;
+            .map_err(|_| kvmesh_runtime::ErrorCode::Unavailable.to_status("route stream closed"))?;
         abandon.is_armed = true;
-        let result = answer
-            .await
-            .unwrap_or_else(|_| Err(tonic::Status::unavailable("route stream closed")));
+        let result = answer.await.unwrap_or_else(|_| {
+            Err(kvmesh_runtime::ErrorCode::Unavailable.to_status("route stream closed"))
+        });
         abandon.is_armed = false;
         result
     }
@@ -219,7 +219,7 @@ async fn run_route_stream(
         {
             fail_all(
                 &mut waiting,
-                &tonic::Status::unavailable("route stream closed"),
+                &kvmesh_runtime::ErrorCode::Unavailable.to_status("route stream closed"),
             );
             continue;
         }
@@ -240,7 +240,7 @@ async fn run_route_stream(
                 outgoing = rx.recv() => {
                     let Some(outgoing) = outgoing else { return };
                     if out_tx.send(to_message(outgoing, &mut waiting, &mut recent_ends)).await.is_err() {
-                        break tonic::Status::unavailable("route stream closed");
+                        break kvmesh_runtime::ErrorCode::Unavailable.to_status("route stream closed");
                     }
                 }
                 answer = answers.next() => match answer {
@@ -248,15 +248,15 @@ async fn run_route_stream(
                         let Some((_, reply)) = waiting.remove(&answer.request_id) else { continue };
                         let result = match answer.result {
                             Some(pb::route_stream_response::Result::Decision(decision)) => Ok(decision),
-                            Some(pb::route_stream_response::Result::Failure(failure)) => Err(
-                                tonic::Status::new(tonic::Code::from(failure.code), failure.message),
-                            ),
-                            None => Err(tonic::Status::internal("empty route answer")),
+                            Some(pb::route_stream_response::Result::Failure(failure)) => {
+                                Err(wire::failure_from_proto(failure))
+                            }
+                            None => Err(kvmesh_runtime::ErrorCode::Internal.to_status("empty route answer")),
                         };
                         let _ = reply.send(result);
                     }
                     Some(Err(status)) => break status,
-                    None => break tonic::Status::unavailable("route stream ended"),
+                    None => break kvmesh_runtime::ErrorCode::Unavailable.to_status("route stream ended"),
                 },
             }
         };
@@ -385,7 +385,7 @@ impl RemoteRouters {
                         is_armed: true,
                     });
                 }
-                Err(status) => match RouteError::from_status(&status) {
+                Err(status) => match RouteError::from_status(&status, model) {
                     Some(error) => return Err(error),
                     None => {
                         tracing::warn!(replica = %format!("{:x}", replica.instance_id), %status, "router replica failed, trying another");

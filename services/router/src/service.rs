@@ -333,13 +333,9 @@ impl Router for RouterService {
                                 Ok(decision) => {
                                     pb::route_stream_response::Result::Decision(decision)
                                 }
-                                Err(error) => {
-                                    let status = error.to_status();
-                                    pb::route_stream_response::Result::Failure(pb::RouteFailure {
-                                        code: status.code() as i32,
-                                        message: status.message().to_string(),
-                                    })
-                                }
+                                Err(error) => pb::route_stream_response::Result::Failure(
+                                    wire::failure_to_proto(&error.to_status()),
+                                ),
                             };
                             let answer = pb::RouteStreamResponse {
                                 request_id: request_id.clone(),
@@ -585,7 +581,7 @@ impl RouterService {
                 Err(status) => {
                     guard.finish(TerminalPath::Error);
                     return Err(RouteError::Worker {
-                        code: kvmesh_runtime::ErrorCode::from_grpc(status.code()),
+                        code: kvmesh_runtime::ErrorCode::of_status(&status),
                         message: status.message().to_string(),
                     });
                 }

@@ -208,6 +208,42 @@ pub fn thresholds_from_proto(value: &pb::BusyThresholds) -> BusyThresholds {
     }
 }
 
+/// A failed route of a `RouteStream` as the stream carries it: the status's code, message, and
+/// the error code and reason from its metadata.
+pub fn failure_to_proto(status: &tonic::Status) -> pb::RouteFailure {
+    pb::RouteFailure {
+        code: status.code() as i32,
+        message: status.message().to_string(),
+        error_code: kvmesh_runtime::ErrorCode::of_status(status)
+            .name()
+            .to_string(),
+        reason: kvmesh_runtime::error::status_reason(status)
+            .unwrap_or_default()
+            .to_string(),
+    }
+}
+
+/// The status a `RouteStream` failure stands for, metadata included, as a unary `Route` call
+/// would have returned it (the inverse of [`failure_to_proto`]).
+#[allow(
+    clippy::disallowed_methods,
+    reason = "rebuilds a status an ErrorCode made"
+)]
+pub fn failure_from_proto(failure: pb::RouteFailure) -> tonic::Status {
+    let mut metadata = tonic::metadata::MetadataMap::new();
+    for (key, value) in [
+        (kvmesh_runtime::error::ERROR_CODE_KEY, &failure.error_code),
+        (kvmesh_runtime::error::ERROR_REASON_KEY, &failure.reason),
+    ] {
+        if !value.is_empty()
+            && let Ok(value) = value.parse()
+        {
+            metadata.insert(key, value);
+        }
+    }
+    tonic::Status::with_metadata(tonic::Code::from(failure.code), failure.message, metadata)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
