@@ -2,10 +2,10 @@
 //! "Pins and routing headers", "Queue", "Session affinity").
 //!
 //! The frontend fills [`RoutingHints`] from `nvext` first and then applies the headers, which win.
-//! Kept here so the frontend, the gRPC service and the processor host read them identically.
+//! HTTP concerns, so they live with the HTTP edge; the router sees only the [`RoutingHints`].
 
-use crate::error::RouteError;
-use crate::request::RoutingHints;
+use kvmesh_router::RouteError;
+use kvmesh_router::RoutingHints;
 
 /// Worker pin (backend and decode worker), canonical name first.
 pub const WORKER_INSTANCE_ID: [&str; 2] = ["x-dynamo-worker-instance-id", "x-worker-instance-id"];

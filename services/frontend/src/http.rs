@@ -187,9 +187,9 @@ pub(crate) fn routing_hints(
 ) -> Result<kvmesh_router::RoutingHints, FrontendError> {
     let mut hints = kvmesh_router::RoutingHints::default();
     if let Some(nvext) = nvext.filter(|_| !settings.disable_nvext) {
-        kvmesh_router::hints::apply_nvext(&mut hints, nvext)?;
+        crate::hints::apply_nvext(&mut hints, nvext)?;
     }
-    kvmesh_router::hints::apply_headers(
+    crate::hints::apply_headers(
         &mut hints,
         headers
             .iter()

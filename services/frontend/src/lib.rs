@@ -7,6 +7,7 @@
 
 pub mod error;
 pub mod generate;
+pub mod hints;
 pub mod http;
 pub mod metrics;
 pub mod models;

@@ -25,7 +25,6 @@ pub mod core;
 pub mod cost;
 pub mod error;
 pub mod fleet;
-pub mod hints;
 pub mod metrics;
 mod modes;
 pub mod overlap;
