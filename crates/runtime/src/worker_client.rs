@@ -2,7 +2,7 @@
 //! transport: gRPC for a worker in another process, a direct call for a worker embedded in this
 //! process (`kvmesh up`). Both sit behind [`WorkerEndpoint`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
@@ -136,6 +136,9 @@ fn connection_failure_is_unavailable(status: tonic::Status) -> tonic::Status {
     status
 }
 
+/// Responses a slow caller may fall behind by before new ones are merged into the last.
+const MAX_UNMERGED_RESPONSES: usize = 256;
+
 /// A worker's response stream, read as fast as the worker sends it.
 ///
 /// One HTTP/2 connection carries every stream to a worker, and the h2 crate tears the whole
@@ -143,17 +146,19 @@ fn connection_failure_is_unavailable(status: tonic::Status) -> tonic::Status {
 /// frames sit unread in its buffers. Token responses are small, so a caller that reads slowly
 /// (a client that stops reading its SSE stream, a burst of migrated requests on a busy frontend)
 /// would otherwise fail every other request on that worker. A task per stream takes each
-/// response off the connection as soon as it arrives and merges what the caller has not taken
-/// yet into one response, so what waits costs a few bytes per token and nothing is held in h2.
-/// Dropping the returned stream ends the task, which cancels the request on the worker.
+/// response off the connection as soon as it arrives and queues it for the caller; past
+/// [`MAX_UNMERGED_RESPONSES`] waiting, new ones are merged into the last, so a caller that stops
+/// reading costs a few bytes per token and nothing is held in h2. A caller that keeps up sees
+/// the worker's responses exactly as sent. Dropping the returned stream ends the task, which
+/// cancels the request on the worker.
 pub fn drained(mut inner: tonic::Streaming<GenerateResponse>) -> ResponseStream {
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     tokio::spawn(async move {
-        let mut pending: Option<GenerateResponse> = None;
+        let mut pending: VecDeque<GenerateResponse> = VecDeque::new();
         // `None` while the worker still sends; then its end, clean or with a status.
         let mut end: Option<Option<tonic::Status>> = None;
         loop {
-            if pending.is_none()
+            if pending.is_empty()
                 && let Some(end) = end.take()
             {
                 if let Some(status) = end {
@@ -164,31 +169,33 @@ pub fn drained(mut inner: tonic::Streaming<GenerateResponse>) -> ResponseStream 
             tokio::select! {
                 biased;
                 next = inner.message(), if end.is_none() => match next {
-                    Ok(Some(response)) => merge_response(&mut pending, response),
+                    Ok(Some(response)) => {
+                        let is_full = pending.len() >= MAX_UNMERGED_RESPONSES;
+                        match pending.back_mut() {
+                            Some(last) if is_full => merge_response(last, response),
+                            _ => pending.push_back(response),
+                        }
+                    }
                     Ok(None) => end = Some(None),
                     Err(status) => end = Some(Some(connection_failure_is_unavailable(status))),
                 },
-                permit = tx.reserve(), if pending.is_some() => {
+                permit = tx.reserve(), if !pending.is_empty() => {
                     let Ok(permit) = permit else { return };
-                    if let Some(response) = pending.take() {
+                    if let Some(response) = pending.pop_front() {
                         permit.send(Ok(response));
                     }
                 }
-                _ = tx.closed(), if pending.is_none() => return,
+                _ = tx.closed(), if pending.is_empty() => return,
             }
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx).boxed()
 }
 
-/// Appends `next` to the responses the caller has not taken yet: tokens, text and log
+/// Appends `next` to a response the caller has not taken yet: tokens, text and log
 /// probabilities in order; the finish, usage, error and stop token of the latest; the worker
 /// identity of the first.
-fn merge_response(pending: &mut Option<GenerateResponse>, next: GenerateResponse) {
-    let Some(merged) = pending else {
-        *pending = Some(next);
-        return;
-    };
+fn merge_response(merged: &mut GenerateResponse, next: GenerateResponse) {
     merged.token_ids.extend(next.token_ids);
     merged.logprobs.extend(next.logprobs);
     if let Some(text) = next.text {
