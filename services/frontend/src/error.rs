@@ -57,7 +57,7 @@ pub enum FrontendError {
     },
     /// The router could not place the request (no worker, all busy, bad routing header).
     #[error("{0}")]
-    Route(#[from] kvmesh_router::RouteError),
+    Route(kvmesh_router::RouteError),
     /// Anything unclassified; the message is logged, not sent.
     #[error("internal error")]
     Internal(String),
@@ -151,11 +151,13 @@ impl FrontendError {
     }
 }
 
-impl From<tonic::Status> for FrontendError {
-    fn from(status: tonic::Status) -> Self {
-        Self::Worker {
-            code: ErrorCode::of_status(&status),
-            message: status.message().to_string(),
+impl From<kvmesh_router::RouteError> for FrontendError {
+    /// The seam's failures: a worker's failure and silence keep the edge's own words for them.
+    fn from(error: kvmesh_router::RouteError) -> Self {
+        match error {
+            kvmesh_router::RouteError::Worker { code, message } => Self::Worker { code, message },
+            kvmesh_router::RouteError::WorkerTimeout(secs) => Self::Timeout(secs),
+            other => Self::Route(other),
         }
     }
 }

@@ -293,3 +293,13 @@ impl ModelMetrics {
         }
     }
 }
+
+impl kvmesh_router::GenerationObserver for ModelMetrics {
+    fn migrated(&self, kind: &'static str) {
+        self.count_migration(kind);
+    }
+
+    fn past_max_seq_len(&self) {
+        self.migration_max_seq_len_exceeded.inc();
+    }
+}

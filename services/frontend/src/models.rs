@@ -8,13 +8,15 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
 use futures::StreamExt;
-use kvmesh_indexer::client::IndexerClient;
 use kvmesh_proto::v1::ModelCard;
 use kvmesh_router::fleet::{self, DiscoveredRecords, IndexSettings, IndexSources};
-use kvmesh_router::{RemoteRouters, RouterConfig, SharedRouter};
+use kvmesh_router::{
+    LocalDecider, MigrationPolicy, ModelRouter, RemoteRouters, ReplicaDecider, RouterConfig,
+    SharedRouter,
+};
 use kvmesh_runtime::discovery::Discovery;
 use kvmesh_runtime::event_plane::EventPlane;
-use kvmesh_runtime::worker_client::{GrpcSettings, WorkerEndpoint, connect_worker};
+use kvmesh_runtime::worker_client::{GrpcSettings, connect_worker};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::FrontendError;
@@ -25,14 +27,7 @@ use crate::pipeline::Pipeline;
 /// How long a model stays listed (answering 503) after its last worker left.
 pub const MODEL_GRACE: Duration = Duration::from_secs(30);
 
-/// A worker that can serve a model.
-#[derive(Clone)]
-pub struct WorkerRef {
-    /// Discovery instance id.
-    pub id: u64,
-    /// How to reach it.
-    pub endpoint: Arc<dyn WorkerEndpoint>,
-}
+pub use kvmesh_router::WorkerRef;
 
 /// Everything a request for one model needs, immutable once published.
 pub struct ModelEntry {
@@ -42,44 +37,23 @@ pub struct ModelEntry {
     pub created: u64,
     /// Tokenizer, chat template and output processing.
     pub pipeline: Arc<Pipeline>,
-    /// Workers in routing order.
-    pub workers: Vec<WorkerRef>,
-    /// The model's router (shared across table versions so its state persists).
+    /// The routing seam every request of the model goes through, over this version's workers.
+    pub routing: ModelRouter,
+    /// The model's in-process router (shared across table versions so its state persists).
     pub router: SharedRouter,
-    /// Remote index of the model's namespace, queried for overlap in kv mode.
-    pub indexer: Option<IndexerClient>,
-    /// Router replicas of the model's namespace (unless `--use-remote-router off`).
-    pub remote: Option<RemoteRouters>,
-    /// `--use-remote-router`: `on` routes only remotely, `auto` when replicas are registered.
-    pub remote_mode: RemoteRouterMode,
     /// Metric handles.
     pub metrics: ModelMetrics,
     /// Maximum prompt plus output tokens (0 = unknown).
     pub context_length: u32,
     /// Tokens per KV block.
     pub kv_cache_block_size: u32,
-    /// Migrations allowed per request (`--migration-limit`, else the worker card's).
-    pub migration_limit: u32,
-    /// `--migration-max-seq-len`.
-    pub migration_max_seq_len: Option<u32>,
 }
 
 impl ModelEntry {
     /// Whether the model is listed and served: it has workers, and its router has the
     /// `--router-min-initial-workers` it waits for (docs/discovery.md, "Readiness").
     pub fn is_ready(&self) -> bool {
-        !self.workers.is_empty() && self.router.is_ready()
-    }
-
-    /// The router replicas requests of this model go to, when `--use-remote-router` selects
-    /// them (`on`, or `auto` with replicas registered).
-    pub fn active_remote(&self) -> Option<&RemoteRouters> {
-        let remote = self.remote.as_ref()?;
-        match self.remote_mode {
-            RemoteRouterMode::Off => None,
-            RemoteRouterMode::On => Some(remote),
-            RemoteRouterMode::Auto => (remote.num_replicas() > 0).then_some(remote),
-        }
+        !self.routing.workers().is_empty() && self.router.is_ready()
     }
 }
 
@@ -94,7 +68,7 @@ pub fn empty_table() -> ModelTable {
 /// Looks a model up for a request: 404 when unknown, 503 when known without workers.
 pub fn find_model(table: &ModelTable, name: &str) -> Result<Arc<ModelEntry>, FrontendError> {
     match table.load().get(name) {
-        Some(entry) if !entry.workers.is_empty() => Ok(entry.clone()),
+        Some(entry) if !entry.routing.workers().is_empty() => Ok(entry.clone()),
         Some(_) => Err(FrontendError::NoWorkers(name.to_string())),
         None => Err(FrontendError::ModelNotFound(name.to_string())),
     }
@@ -438,30 +412,45 @@ async fn load_pipeline(path: &Path, card: &ModelCard) -> Result<Arc<Pipeline>, S
 
 fn publish(table: &ModelTable, models: &HashMap<String, ModelState>, config: &WatcherConfig) {
     let block_size_override = config.kv_cache_block_size;
-    let remote_mode = config.remote_router;
     let mut next = HashMap::with_capacity(models.len());
     for (name, state) in models {
         let workers: Vec<WorkerRef> = state.workers.values().cloned().collect();
+        let kv_cache_block_size = block_size_override.unwrap_or(state.card.kv_cache_block_size);
+        let decider = ReplicaDecider {
+            model: name.clone(),
+            local: LocalDecider {
+                router: state.routing.router.clone(),
+                indexer: state.routing.indexer.clone(),
+            },
+            remote: state.remote.clone(),
+            mode: config.remote_router,
+            report_every: kv_cache_block_size,
+        };
+        let migration = MigrationPolicy {
+            limit: if config.migration_limit > 0 {
+                config.migration_limit
+            } else {
+                state.card.migration_limit
+            },
+            max_seq_len: config.migration_max_seq_len,
+        };
         next.insert(
             name.clone(),
             Arc::new(ModelEntry {
                 name: name.clone(),
                 created: state.created,
                 pipeline: state.pipeline.clone(),
-                workers,
+                routing: ModelRouter::new(
+                    name.clone(),
+                    Arc::new(decider),
+                    workers,
+                    migration,
+                    Arc::new(state.metrics.clone()),
+                ),
                 router: state.routing.router.clone(),
-                indexer: state.routing.indexer.clone(),
-                remote: state.remote.clone(),
-                remote_mode,
                 metrics: state.metrics.clone(),
                 context_length: state.card.context_length,
-                kv_cache_block_size: block_size_override.unwrap_or(state.card.kv_cache_block_size),
-                migration_limit: if config.migration_limit > 0 {
-                    config.migration_limit
-                } else {
-                    state.card.migration_limit
-                },
-                migration_max_seq_len: config.migration_max_seq_len,
+                kv_cache_block_size,
             }),
         );
     }

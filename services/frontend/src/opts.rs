@@ -6,6 +6,8 @@ use clap::{Args, Parser};
 use kvmesh_router::{RouterArgs, RouterConfig};
 use kvmesh_runtime::config::RuntimeOpts;
 
+pub use kvmesh_router::decider::RemoteRouterMode;
+
 /// Options of `kvmesh-frontend`.
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -128,17 +130,6 @@ pub struct HttpOpts {
     /// worker accepted the request (Dynamo sets this only by environment; the flag is kvmesh's).
     #[arg(long, env = "DYN_HTTP_PRE_COMMIT_ERROR_PEEK_MS", hide = true)]
     pub http_pre_commit_error_peek_ms: Option<u64>,
-}
-
-/// `--use-remote-router`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum RemoteRouterMode {
-    /// Remote replicas when registered, else the in-process router.
-    Auto,
-    /// Only remote replicas.
-    On,
-    /// Only the in-process router.
-    Off,
 }
 
 fn non_empty(value: &str) -> Result<String, String> {

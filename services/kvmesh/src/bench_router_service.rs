@@ -2,7 +2,7 @@
 //! by concurrent callers that each `Route` a request and then `Report` its end (what a frontend
 //! does per request), so the router's tracked load stays bounded as in production.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -114,13 +114,7 @@ pub async fn run(args: RouterServiceBench) -> anyhow::Result<()> {
             data_parallel_size: 1,
         }));
     }
-    let model = RoutedModel {
-        name: "bench".into(),
-        namespace: "bench".into(),
-        router,
-        indexer: None,
-        workers: BTreeMap::new(),
-    };
+    let model = RoutedModel::new("bench", "bench", router, None, Vec::new());
     let table = Arc::new(ArcSwap::from_pointee(HashMap::from([(
         "bench".to_string(),
         Arc::new(model),

@@ -34,6 +34,9 @@ pub enum RouteError {
     /// No remote router replica answered.
     #[error("no router replica is reachable: {0}")]
     Unreachable(String),
+    /// The chosen worker did not answer within the backend stream timeout (seconds).
+    #[error("the worker did not respond within {0} s")]
+    WorkerTimeout(u64),
     /// The chosen worker refused or failed the request (`Generate`); its status kind is kept.
     #[error("worker: {message}")]
     Worker {
@@ -63,6 +66,7 @@ impl RouteError {
             RouteError::Overloaded => ErrorCode::Overloaded,
             RouteError::BadRequest(_) => ErrorCode::InvalidArgument,
             RouteError::Cancelled => ErrorCode::Cancelled,
+            RouteError::WorkerTimeout(_) => ErrorCode::Timeout,
             RouteError::Worker { code, .. } => *code,
         }
     }
@@ -77,6 +81,7 @@ impl RouteError {
             RouteError::Cancelled => "cancelled",
             RouteError::UnknownModel(_) => "unknown_model",
             RouteError::Unreachable(_) => "unreachable",
+            RouteError::WorkerTimeout(_) => "worker_timeout",
             RouteError::Worker { .. } => "worker",
         }
     }
@@ -110,6 +115,10 @@ impl RouteError {
             "not_ready" => RouteError::NotReady,
             "cancelled" => RouteError::Cancelled,
             "unknown_model" => RouteError::UnknownModel(model.to_string()),
+            "worker_timeout" => RouteError::Worker {
+                code: ErrorCode::Timeout,
+                message: message(),
+            },
             "worker" => RouteError::Worker {
                 code: ErrorCode::of_status(status),
                 message: message(),

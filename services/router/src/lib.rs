@@ -23,8 +23,10 @@ mod busy;
 pub mod config;
 pub mod core;
 pub mod cost;
+pub mod decider;
 pub mod error;
 pub mod fleet;
+pub mod generation;
 pub mod metrics;
 mod modes;
 pub mod overlap;
@@ -51,7 +53,12 @@ pub use config::{
 };
 pub use core::{PreparedRequest, RouterCore};
 pub use cost::{CandidateLoad, CostBreakdown, CostWeights, EffectiveKv, RequestShape, kv_cost};
+pub use decider::{LocalDecider, RemoteRouterMode, ReplicaDecider, RouteDecider, RouteLease};
 pub use error::{DEFAULT_OVERLOAD_STATUS, OVERLOADED_MESSAGE, RouteError};
+pub use generation::{
+    FirstResponseWait, GenerateOptions, Generation, GenerationObserver, MigrationPolicy,
+    ModelRouter, NoObserver, WorkerRef,
+};
 pub use overlap::{NoIndex, OverlapSource, build_event_index};
 pub use remote::{RemoteLease, RemoteRouters};
 pub use request::{

@@ -101,7 +101,7 @@ impl RouterMetrics {
             Err(RouteError::Cancelled) => "cancelled",
             Err(RouteError::UnknownModel(_)) => "unknown_model",
             Err(RouteError::Unreachable(_)) => "unreachable",
-            Err(RouteError::Worker { .. }) => "worker_error",
+            Err(RouteError::Worker { .. } | RouteError::WorkerTimeout(_)) => "worker_error",
         };
         self.decisions.with_label_values(&[model, outcome]).inc();
         if result.is_ok() {

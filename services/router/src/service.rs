@@ -19,12 +19,17 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use crate::config::RouterConfig;
+use crate::decider::LocalDecider;
 use crate::error::RouteError;
 use crate::fleet::{self, DiscoveredRecords, IndexSources, NamespaceFilter};
+use crate::generation::{
+    FirstResponseWait, GenerateOptions, Generation, MigrationPolicy, ModelRouter, NoObserver,
+    WorkerRef,
+};
 use crate::metrics::RouterMetrics;
-use crate::request::{RouteRequest, TerminalPath};
+use crate::request::RouteRequest;
 use crate::routing::route_with_index;
-use crate::shared::{RouteGuard, SharedRouter};
+use crate::shared::SharedRouter;
 use crate::sync::{SyncEvent, SyncKind};
 use crate::wire;
 
@@ -38,8 +43,38 @@ pub struct RoutedModel {
     pub router: SharedRouter,
     /// Its namespace's indexer shards (kv mode with events).
     pub indexer: Option<IndexerClient>,
-    /// Its workers, for `Generate`.
-    pub workers: BTreeMap<u64, Arc<dyn WorkerEndpoint>>,
+    /// The seam `Generate` runs requests through, over this table version's workers.
+    pub seam: ModelRouter,
+}
+
+impl RoutedModel {
+    /// Model `name` of `namespace` routed by `router` (overlap from `indexer` when remote), its
+    /// `Generate` calls going to `workers` through the seam.
+    pub fn new(
+        name: &str,
+        namespace: &str,
+        router: SharedRouter,
+        indexer: Option<IndexerClient>,
+        workers: Vec<WorkerRef>,
+    ) -> Self {
+        let decider = Arc::new(LocalDecider {
+            router: router.clone(),
+            indexer: indexer.clone(),
+        });
+        Self {
+            name: name.to_string(),
+            namespace: namespace.to_string(),
+            router,
+            indexer,
+            seam: ModelRouter::new(
+                name,
+                decider,
+                workers,
+                MigrationPolicy::default(),
+                Arc::new(NoObserver),
+            ),
+        }
+    }
 }
 
 /// The models this replica routes, read lock-free by every call.
@@ -194,13 +229,21 @@ fn publish(table: &RoutedTable, models: &HashMap<String, ModelState>) {
     let next = models
         .iter()
         .map(|(name, state)| {
-            let model = RoutedModel {
-                name: name.clone(),
-                namespace: state.namespace.clone(),
-                router: state.routing.router.clone(),
-                indexer: state.routing.indexer.clone(),
-                workers: state.workers.clone(),
-            };
+            let workers = state
+                .workers
+                .iter()
+                .map(|(id, endpoint)| WorkerRef {
+                    id: *id,
+                    endpoint: endpoint.clone(),
+                })
+                .collect();
+            let model = RoutedModel::new(
+                name,
+                &state.namespace,
+                state.routing.router.clone(),
+                state.routing.indexer.clone(),
+                workers,
+            );
             (name.clone(), Arc::new(model))
         })
         .collect();
@@ -256,9 +299,6 @@ fn validate(model: &str, request_id: &str, token_ids: &[u32]) -> Result<(), Rout
 
 /// Answers of one `RouteStream` that may wait for the caller to read them.
 const ROUTE_STREAM_QUEUE: usize = 1024;
-
-/// How many workers one `Generate` tries when the earlier ones are unreachable.
-const MAX_START_ATTEMPTS: usize = 3;
 
 #[tonic::async_trait]
 impl Router for RouterService {
@@ -385,10 +425,10 @@ impl Router for RouterService {
         };
         let model = generate.model.clone();
         let begin = Instant::now();
-        let started = self.start_generate(generate, &routed).await;
+        let started = self.start_generate(generate, routed).await;
         self.observe_decision(&model, &started, begin.elapsed());
-        let (guard, stream) = started.map_err(|error| error.to_status())?;
-        Ok(Response::new(proxy(guard, stream).boxed()))
+        let generation = started.map_err(|error| error.to_status())?;
+        Ok(Response::new(proxy(generation).boxed()))
     }
 
     async fn report(
@@ -523,119 +563,45 @@ impl RouterService {
         Ok(true)
     }
 
-    /// Routes a generation and starts it, retrying on another worker when the chosen one cannot
-    /// be reached (nothing has been streamed yet, so that is safe).
+    /// Routes a generation and starts it through the model's seam (which retries on another
+    /// worker when the chosen one cannot be reached: nothing has been streamed yet).
     async fn start_generate(
         &self,
-        mut generate: pb::GenerateRequest,
-        routed: &pb::RoutedGenerateRequest,
-    ) -> Result<(RouteGuard, kvmesh_runtime::worker_client::ResponseStream), RouteError> {
+        generate: pb::GenerateRequest,
+        routed: pb::RoutedGenerateRequest,
+    ) -> Result<Generation, RouteError> {
         validate(&generate.model, &generate.request_id, &generate.token_ids)?;
         let model = self.model(&generate.model)?;
-        let mut hints = wire::hints_from_proto(
+        let hints = wire::hints_from_proto(
             generate.routing.as_ref(),
             &routed.allowed_worker_ids,
             0,
             routed.config_override.as_ref(),
         );
-        let mut tried: Vec<u64> = Vec::new();
-        let mut last_error = RouteError::NoEndpoint;
-        for _ in 0..MAX_START_ATTEMPTS.min(model.workers.len()).max(1) {
-            if !tried.is_empty() {
-                let allowed = fleet::untried_workers(
-                    model.workers.keys().copied(),
-                    &tried,
-                    hints.allowed_worker_ids.as_ref(),
-                );
-                if allowed.is_empty() {
-                    break;
-                }
-                hints.allowed_worker_ids = Some(allowed);
-            }
-            let route_request = RouteRequest {
-                request_id: crate::unique_route_id(&generate.request_id),
-                token_ids: &generate.token_ids,
-                lora_name: (!generate.lora_name.is_empty()).then_some(generate.lora_name.as_str()),
-                cache_salt: (!routed.cache_salt.is_empty()).then_some(routed.cache_salt.as_str()),
-                hints: hints.clone(),
-            };
-            let guard =
-                route_with_index(&model.router, model.indexer.as_ref(), &route_request).await?;
-            let decision = guard.decision().clone();
-            if let Some(rank) = decision.dp_rank {
-                generate.routing.get_or_insert_default().dp_rank = Some(rank);
-            }
-            let Some(endpoint) = model.workers.get(&decision.worker_id) else {
-                guard.finish(TerminalPath::Error);
-                tried.push(decision.worker_id);
-                continue;
-            };
-            match endpoint.generate(generate.clone()).await {
-                Ok(stream) => return Ok((guard, stream)),
-                Err(status) if status.code() == tonic::Code::Unavailable => {
-                    guard.finish(TerminalPath::Error);
-                    tracing::warn!(worker_id = %format!("{:x}", decision.worker_id), %status, "worker unreachable, trying another");
-                    tried.push(decision.worker_id);
-                    last_error = RouteError::NoEndpoint;
-                }
-                Err(status) => {
-                    guard.finish(TerminalPath::Error);
-                    return Err(RouteError::Worker {
-                        code: kvmesh_runtime::ErrorCode::of_status(&status),
-                        message: status.message().to_string(),
-                    });
-                }
-            }
-        }
-        Err(last_error)
+        let options = GenerateOptions {
+            hints,
+            cache_salt: (!routed.cache_salt.is_empty()).then_some(routed.cache_salt),
+            response_timeout: None,
+            wait: FirstResponseWait::None,
+        };
+        model.seam.generate(generate, options).await
     }
 }
 
-/// The worker's stream as the caller sees it, with the request's life reported to the router:
-/// first token, output tokens, end. A dropped stream (caller gone) frees it as disconnected.
+/// The seam's responses as the caller sees them; a failure ends the stream with its status.
+/// Dropping the stream (caller gone) frees the request as disconnected.
 fn proxy(
-    guard: RouteGuard,
-    mut stream: kvmesh_runtime::worker_client::ResponseStream,
+    mut generation: Generation,
 ) -> impl futures::Stream<Item = Result<pb::GenerateResponse, Status>> + Send + 'static {
     async_stream::stream! {
-        let mut guard = Some(guard);
-        let mut is_first_token_seen = false;
-        while let Some(item) = stream.next().await {
+        while let Some(item) = generation.next().await {
             match item {
-                Ok(response) => {
-                    let num_tokens = response.token_ids.len() as u64;
-                    if num_tokens > 0 && let Some(guard) = &guard {
-                        if guard.tracks_output_tokens() {
-                            guard.add_output_tokens(num_tokens);
-                        } else if !is_first_token_seen {
-                            guard.first_token();
-                        }
-                        is_first_token_seen = true;
-                    }
-                    let finish = pb::FinishReason::try_from(response.finish_reason)
-                        .unwrap_or(pb::FinishReason::Unspecified);
-                    let path = match finish {
-                        pb::FinishReason::Unspecified => None,
-                        pb::FinishReason::Error => Some(TerminalPath::Error),
-                        pb::FinishReason::Cancelled => Some(TerminalPath::Cancelled),
-                        _ => Some(TerminalPath::Completed),
-                    };
-                    if let (Some(path), Some(guard)) = (path, guard.take()) {
-                        guard.finish(path);
-                    }
-                    yield Ok(response);
-                }
-                Err(status) => {
-                    if let Some(guard) = guard.take() {
-                        guard.finish(TerminalPath::Error);
-                    }
-                    yield Err(status);
+                Ok(response) => yield Ok(response),
+                Err(error) => {
+                    yield Err(error.to_status());
                     return;
                 }
             }
-        }
-        if let Some(guard) = guard.take() {
-            guard.finish(TerminalPath::Error);
         }
     }
 }

@@ -23,11 +23,7 @@ pub async fn get_busy_thresholds(State(state): State<Arc<AppState>>) -> Response
     entries.sort_by(|a, b| a.name.cmp(&b.name));
     let mut thresholds = Vec::with_capacity(entries.len());
     for entry in entries {
-        let value = match entry.active_remote() {
-            Some(remote) => remote.busy_thresholds(&entry.name).await,
-            None => None,
-        }
-        .unwrap_or_else(|| entry.router.busy_thresholds());
+        let value = entry.routing.decider().busy_thresholds().await;
         thresholds.push(entry_json(&entry.name, &value));
     }
     Json(json!({ "thresholds": thresholds })).into_response()
@@ -62,7 +58,7 @@ async fn set(
         .get(model)
         .cloned()
         .ok_or_else(|| FrontendError::ModelNotFound(model.to_string()))?;
-    let mut value = entry.router.busy_thresholds();
+    let mut value = entry.routing.decider().busy_thresholds().await;
     if let Some(update) = fraction(&request, "active_decode_blocks_threshold")? {
         value.active_decode_blocks_threshold = update;
     }
@@ -75,11 +71,7 @@ async fn set(
     value
         .validate()
         .map_err(|error| FrontendError::invalid(error.to_string(), None))?;
-    entry.router.set_busy_thresholds(value);
-    if let Some(remote) = entry.active_remote() {
-        let updated = remote.set_busy_thresholds(&entry.name, &value).await;
-        tracing::info!(model = %entry.name, replicas = updated, "busy thresholds sent to router replicas");
-    }
+    entry.routing.decider().set_busy_thresholds(value).await;
     tracing::info!(model = %entry.name, thresholds = ?value, "busy thresholds changed");
     Ok(entry_json(&entry.name, &value))
 }

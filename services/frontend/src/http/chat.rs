@@ -92,8 +92,8 @@ async fn handle(
     let nvext = super::completions::response_nvext(
         &state.settings,
         &request.nvext,
-        started.worker_id,
-        started.dp_rank,
+        started.worker_id(),
+        started.dp_rank(),
     );
     let deltas = generate::text_deltas(started, output, num_prompt_tokens, entry.metrics.clone());
     let id = format!("chatcmpl-{request_id}");

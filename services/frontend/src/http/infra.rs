@@ -32,7 +32,10 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Response {
         .filter(|entry| entry.is_ready())
         .map(|entry| entry.name.as_str())
         .collect();
-    let instances: usize = table.values().map(|entry| entry.workers.len()).sum();
+    let instances: usize = table
+        .values()
+        .map(|entry| entry.routing.workers().len())
+        .sum();
     if ready.is_empty() || state.draining.load(std::sync::atomic::Ordering::Acquire) {
         (
             StatusCode::SERVICE_UNAVAILABLE,

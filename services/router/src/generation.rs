@@ -1,0 +1,365 @@
+//! The one path from a preprocessed request to a worker's token stream, for every caller (the
+//! HTTP handlers, `Router.Generate`, and every edge to come): decide a worker, call it, try
+//! another when it cannot be reached, report the request's life to whoever decided, and move the
+//! request to another worker when its worker fails mid-stream (docs/routing.md, "Migration").
+//! Whether the decision was made in this process or by router replicas is the [`RouteDecider`]'s
+//! business alone.
+
+mod stream;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kvmesh_proto::v1::{FinishReason, GenerateRequest, GenerateResponse};
+use kvmesh_runtime::ErrorCode;
+use kvmesh_runtime::worker_client::{ResponseStream, WorkerEndpoint};
+
+pub use self::stream::Generation;
+use crate::decider::{RouteDecider, RouteLease};
+use crate::error::RouteError;
+use crate::fleet::untried_workers;
+use crate::request::{RouteRequest, RoutingHints, TerminalPath};
+
+/// How many workers one request tries before giving up, when the earlier ones are unreachable.
+const MAX_START_ATTEMPTS: usize = 3;
+
+/// A worker that can serve a model.
+#[derive(Clone)]
+pub struct WorkerRef {
+    /// Discovery instance id.
+    pub id: u64,
+    /// How to reach it.
+    pub endpoint: Arc<dyn WorkerEndpoint>,
+}
+
+/// How long [`ModelRouter::generate`] waits for the worker's first response before handing the
+/// stream back (the pre-commit peek, docs/http-api.md, "Pre-commit peek"): a failure within the
+/// wait is the call's error, one after it an error inside the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FirstResponseWait {
+    /// Until it arrives (unary responses are read whole before anything is sent).
+    Full,
+    /// At most this long (`DYN_HTTP_PRE_COMMIT_ERROR_PEEK_MS`).
+    UpTo(Duration),
+    /// Not at all: the stream is handed back once the worker accepted the request.
+    None,
+}
+
+/// What one generation asks of the seam besides the request itself.
+#[derive(Debug, Clone)]
+pub struct GenerateOptions {
+    /// Pins, priorities, session and cost-model overrides.
+    pub hints: RoutingHints,
+    /// Cache salt of the prompt's block hashes.
+    pub cache_salt: Option<String>,
+    /// Longest wait for the worker to answer, and longest silence between its responses
+    /// (`DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS`); `None` waits as long as the connection lives.
+    pub response_timeout: Option<Duration>,
+    /// How long the call waits for the first response.
+    pub wait: FirstResponseWait,
+}
+
+/// How far a failed request may move (`--migration-limit`, `--migration-max-seq-len`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MigrationPolicy {
+    /// Migrations allowed per request; 0 turns migration off.
+    pub limit: u32,
+    /// Past this many prompt plus generated tokens a request is no longer migrated.
+    pub max_seq_len: Option<u32>,
+}
+
+/// Who counts what the seam does on a request's behalf (the frontend's Prometheus series).
+pub trait GenerationObserver: Send + Sync {
+    /// A request moved to another worker: `new_request` before any token, else `ongoing_request`.
+    fn migrated(&self, _kind: &'static str) {}
+
+    /// A request grew past `--migration-max-seq-len` and will not be migrated.
+    fn past_max_seq_len(&self) {}
+}
+
+/// Counts nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoObserver;
+
+impl GenerationObserver for NoObserver {}
+
+/// One model's seam: its decider, the workers of one table version, and its migration policy.
+/// Cheap to clone; a new table version makes a new one around the same decider.
+#[derive(Clone)]
+pub struct ModelRouter {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    name: String,
+    decider: Arc<dyn RouteDecider>,
+    workers: Vec<WorkerRef>,
+    migration: MigrationPolicy,
+    observer: Arc<dyn GenerationObserver>,
+}
+
+impl ModelRouter {
+    /// The seam of model `name`, deciding with `decider` among `workers`.
+    pub fn new(
+        name: impl Into<String>,
+        decider: Arc<dyn RouteDecider>,
+        workers: Vec<WorkerRef>,
+        migration: MigrationPolicy,
+        observer: Arc<dyn GenerationObserver>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                name: name.into(),
+                decider,
+                workers,
+                migration,
+                observer,
+            }),
+        }
+    }
+
+    /// The model's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The workers requests may go to.
+    pub fn workers(&self) -> &[WorkerRef] {
+        &self.inner.workers
+    }
+
+    /// Who decides (busy thresholds are read and set through it).
+    pub fn decider(&self) -> &Arc<dyn RouteDecider> {
+        &self.inner.decider
+    }
+
+    /// Routes `request`, starts it on the chosen worker and waits for its first response as
+    /// `options.wait` says. A worker that cannot be reached (dead but still listed) is released
+    /// as an error and the request routed again among the workers not tried yet: nothing has
+    /// reached the caller, so that is safe. The returned [`Generation`] holds the worker's load
+    /// until it ends; dropping it frees the request as disconnected and cancels the worker.
+    pub async fn generate(
+        &self,
+        request: GenerateRequest,
+        options: GenerateOptions,
+    ) -> Result<Generation, RouteError> {
+        let migration = self.inner.migration;
+        let resume = (migration.limit > 0).then(|| stream::Resume {
+            model: self.clone(),
+            request: request.clone(),
+            options: GenerateOptions {
+                wait: FirstResponseWait::Full,
+                ..options.clone()
+            },
+            remaining: migration.limit,
+        });
+        let prompt_len = request.token_ids.len();
+        let started = self.start(request, &options).await?;
+        Ok(Generation::new(
+            started,
+            resume,
+            prompt_len,
+            options.response_timeout,
+        ))
+    }
+
+    /// One routed start with retries on unreachable workers.
+    async fn start(
+        &self,
+        request: GenerateRequest,
+        options: &GenerateOptions,
+    ) -> Result<Started, RouteError> {
+        let workers = &self.inner.workers;
+        let num_attempts = MAX_START_ATTEMPTS.min(workers.len()).max(1);
+        let mut hints = options.hints.clone();
+        let mut tried: Vec<u64> = Vec::new();
+        let mut request = Some(request);
+        let mut last_error = None;
+        for attempt in 0..num_attempts {
+            if !tried.is_empty() {
+                let allowed = untried_workers(
+                    workers.iter().map(|w| w.id),
+                    &tried,
+                    hints.allowed_worker_ids.as_ref(),
+                );
+                if allowed.is_empty() {
+                    break;
+                }
+                hints.allowed_worker_ids = Some(allowed);
+            }
+            // Only a request that may be retried is copied; the last attempt takes the original.
+            let this_request = if attempt + 1 == num_attempts {
+                request.take()
+            } else {
+                request.clone()
+            };
+            let Some(mut this_request) = this_request else {
+                break;
+            };
+            let route_request = RouteRequest {
+                request_id: crate::unique_route_id(&this_request.request_id),
+                token_ids: &this_request.token_ids,
+                lora_name: (!this_request.lora_name.is_empty())
+                    .then_some(this_request.lora_name.as_str()),
+                cache_salt: options.cache_salt.as_deref(),
+                hints: hints.clone(),
+            };
+            let lease = self.inner.decider.decide(&route_request).await?;
+            let decision = lease.decision();
+            let worker_id = decision.worker_id;
+            if let Some(rank) = decision.dp_rank {
+                this_request.routing.get_or_insert_default().dp_rank = Some(rank);
+            }
+            let Some(worker) = workers.iter().find(|w| w.id == worker_id) else {
+                // Decided for a worker this table version does not list (a race with discovery).
+                lease.finish(TerminalPath::Error);
+                tried.push(worker_id);
+                last_error = Some(RouteError::NoEndpoint);
+                continue;
+            };
+            match start_on(worker, this_request, options).await {
+                Ok(mut started) => {
+                    started.lease = Some(lease);
+                    return Ok(started);
+                }
+                Err(error) if is_unreachable(&error) => {
+                    lease.finish(TerminalPath::Error);
+                    tracing::warn!(worker_id = %format!("{worker_id:x}"), %error, "worker unreachable, trying another");
+                    tried.push(worker_id);
+                    last_error = Some(error);
+                }
+                Err(error) => {
+                    lease.finish(TerminalPath::Error);
+                    return Err(error);
+                }
+            }
+        }
+        Err(last_error.unwrap_or(RouteError::NoEndpoint))
+    }
+}
+
+/// A generation started on one worker, before the seam's bookkeeping wraps it.
+pub(crate) struct Started {
+    pub(crate) worker_id: u64,
+    pub(crate) dp_rank: u32,
+    /// The first response, already received (pre-commit peek).
+    pub(crate) first: Option<GenerateResponse>,
+    pub(crate) stream: ResponseStream,
+    pub(crate) lease: Option<Box<dyn RouteLease>>,
+}
+
+fn is_unreachable(error: &RouteError) -> bool {
+    matches!(
+        error,
+        RouteError::Worker {
+            code: ErrorCode::Unavailable,
+            ..
+        }
+    )
+}
+
+/// A worker's failure as the seam reports it.
+fn worker_error(code: ErrorCode, message: impl Into<String>) -> RouteError {
+    RouteError::Worker {
+        code,
+        message: message.into(),
+    }
+}
+
+/// A worker's gRPC failure, its code read from the status (never from its text).
+fn worker_failure(status: tonic::Status) -> RouteError {
+    worker_error(ErrorCode::of_status(&status), status.message())
+}
+
+async fn start_on(
+    worker: &WorkerRef,
+    request: GenerateRequest,
+    options: &GenerateOptions,
+) -> Result<Started, RouteError> {
+    let worker_id = worker.id;
+    let routed_rank = request.routing.as_ref().and_then(|r| r.dp_rank);
+    // One deadline for opening the stream and, when waited for, its first response.
+    let deadline = options
+        .response_timeout
+        .map(|limit| (limit, tokio::time::Instant::now() + limit));
+    let mut stream = by_deadline(deadline, worker.endpoint.generate(request))
+        .await?
+        .map_err(worker_failure)?;
+    let first = match options.wait {
+        FirstResponseWait::Full => Some(by_deadline(deadline, stream.next()).await?),
+        FirstResponseWait::UpTo(peek) => tokio::time::timeout(peek, stream.next()).await.ok(),
+        FirstResponseWait::None => None,
+    };
+    let first = match first {
+        None => None,
+        Some(Some(Ok(response))) => Some(worker_outcome(response)?),
+        Some(Some(Err(status))) => return Err(worker_failure(status)),
+        Some(None) => {
+            return Err(worker_error(
+                ErrorCode::Unavailable,
+                "worker closed the stream without a response",
+            ));
+        }
+    };
+    let dp_rank = first
+        .as_ref()
+        .and_then(|first| first.worker.as_ref().map(|w| w.dp_rank))
+        .or(routed_rank)
+        .unwrap_or(0);
+    Ok(Started {
+        worker_id,
+        dp_rank,
+        first,
+        stream,
+        lease: None,
+    })
+}
+
+/// `work`, unless `deadline` (the limit and when it runs out) passes first.
+async fn by_deadline<T>(
+    deadline: Option<(Duration, tokio::time::Instant)>,
+    work: impl std::future::Future<Output = T>,
+) -> Result<T, RouteError> {
+    match deadline {
+        Some((limit, at)) => tokio::time::timeout_at(at, work)
+            .await
+            .map_err(|_| RouteError::WorkerTimeout(limit.as_secs())),
+        None => Ok(work.await),
+    }
+}
+
+/// A worker's response, or the failure it reports: an `ERROR` finish, or a `CANCELLED` one (the
+/// seam cancels only by dropping the stream, so a cancellation from the worker means it gave the
+/// request up, e.g. when shutting down). Both then take the failure path: another worker at the
+/// start, migration mid-stream, an error for the caller otherwise — never a quiet end.
+fn worker_outcome(response: GenerateResponse) -> Result<GenerateResponse, RouteError> {
+    match FinishReason::try_from(response.finish_reason) {
+        Ok(FinishReason::Error) => Err(worker_error(
+            ErrorCode::Internal,
+            if response.error.is_empty() {
+                "worker failed".to_string()
+            } else {
+                response.error
+            },
+        )),
+        Ok(FinishReason::Cancelled) => Err(worker_error(
+            ErrorCode::Unavailable,
+            "worker gave up the request (shutting down?)",
+        )),
+        _ => Ok(response),
+    }
+}
+
+/// Whether a worker failure lets the request continue elsewhere: the worker could not be
+/// reached, went away, failed or fell silent; never a cancellation, an overload or a rejected
+/// request.
+fn is_migratable(error: &RouteError) -> bool {
+    matches!(
+        error,
+        RouteError::Worker {
+            code: ErrorCode::Unavailable | ErrorCode::Internal | ErrorCode::Timeout,
+            ..
+        }
+    )
+}
