@@ -58,7 +58,7 @@ async fn set(
         .get(model)
         .cloned()
         .ok_or_else(|| FrontendError::ModelNotFound(model.to_string()))?;
-    let mut value = entry.routing.decider().busy_thresholds().await;
+    let mut value = entry.router.busy_thresholds();
     if let Some(update) = fraction(&request, "active_decode_blocks_threshold")? {
         value.active_decode_blocks_threshold = update;
     }
