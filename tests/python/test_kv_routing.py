@@ -1,10 +1,12 @@
 """KV-aware routing through `kvmesh up --router-mode kv`: the in-process indexer shard answers the
-frontend's overlap queries over loopback gRPC, so requests sharing a prefix follow its cache."""
+frontend's overlap queries by direct calls (no gRPC in between), so requests sharing a prefix
+follow its cache. The shard still serves `kvmesh.v1.Indexer` on --tcp-rpc-port for others."""
 
+import grpc
 import pytest
 import requests
 
-from conftest import Mesh, Proc, assert_prefix_follows_the_cache, free_port, wait_ready
+from conftest import Mesh, Proc, assert_prefix_follows_the_cache, complete_on, free_port, proto_stubs, wait_ready
 
 BLOCK = 64  # the mocker's default block size, which the card advertises
 
@@ -18,6 +20,7 @@ def kv_mesh():
                           "--tcp-rpc-port", str(rpc_port)])
     base = f"http://127.0.0.1:{port}"
     mesh = Mesh(base, [proc])
+    mesh.indexer_rpc = f"127.0.0.1:{rpc_port}"
     try:
         wait_ready(base, "tiny", 2, [proc])
         yield mesh
@@ -34,3 +37,21 @@ def test_chat_still_works_in_kv_mode(kv_mesh):
         "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}, timeout=30)
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"]["content"] is not None
+
+
+def test_overlap_queries_make_no_grpc_call(kv_mesh):
+    pb = proto_stubs()
+
+    def status():
+        with grpc.insecure_channel(kv_mesh.indexer_rpc) as channel:
+            stub = pb["indexer_pb2_grpc"].IndexerStub(channel)
+            return stub.Status(pb["indexer_pb2"].StatusRequest(), timeout=5)
+
+    before = status()
+    for i in range(5):
+        complete_on(kv_mesh, [7 + i] * (2 * BLOCK))
+    after = status()
+    # Every kv decision of a prompt of at least one block reads the index: five more answers,
+    # all by direct call.
+    assert after.in_process_queries >= before.in_process_queries + 5, (before, after)
+    assert after.grpc_queries == 0, after

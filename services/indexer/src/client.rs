@@ -1,5 +1,6 @@
 //! The client the router uses: fans a query out to one serving replica of every shard in
-//! parallel, with a deadline and failover to another replica, and merges the answers. A shard
+//! parallel, with a deadline and failover to another replica, and merges the answers. A replica
+//! that runs in this process is called directly, with no gRPC in between. A shard
 //! that does not answer contributes nothing; routing never fails because of the index.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -20,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::bootstrap::{INDEXER_COMPONENT, INDEXER_ENDPOINT, layout_of};
 use crate::convert::scores_from_proto;
+use crate::service::IndexerService;
 use crate::shard::ShardLayout;
 
 /// The merged answer of every shard.
@@ -35,7 +37,25 @@ pub struct MergedMatches {
 struct Replica {
     instance_id: u64,
     layout: ShardLayout,
-    queries: QueryStream,
+    link: ReplicaLink,
+}
+
+/// How queries reach a replica.
+#[derive(Clone)]
+enum ReplicaLink {
+    /// Over gRPC, on one long-lived query stream.
+    Grpc(QueryStream),
+    /// By a direct call: the replica runs in this process.
+    InProcess(IndexerService),
+}
+
+impl ReplicaLink {
+    async fn query(&self, request: FindMatchesRequest) -> Answer {
+        match self {
+            ReplicaLink::Grpc(queries) => queries.query(request).await,
+            ReplicaLink::InProcess(service) => service.answer_in_process(request),
+        }
+    }
 }
 
 /// An answer to one query, or why there is none.
@@ -253,7 +273,7 @@ impl IndexerClient {
     ) -> Option<FindMatchesResponse> {
         for attempt in 0..group.len().min(2) {
             let replica = group[(start + attempt) % group.len()];
-            let query = replica.queries.query(request.clone());
+            let query = replica.link.query(request.clone());
             match tokio::time::timeout(self.inner.timeout, query).await {
                 Ok(Ok(response)) => return Some(response),
                 Ok(Err(status)) => {
@@ -298,11 +318,19 @@ pub fn merge_answers(
 
 fn replica_of(record: &InstanceRecord) -> Option<Replica> {
     let layout = layout_of(record)?;
-    let endpoint =
-        kvmesh_runtime::net::mesh_endpoint(&record.address, Duration::from_secs(1)).ok()?;
+    let link = match crate::local::lookup(record.instance_id) {
+        Some(service) => ReplicaLink::InProcess(service),
+        None => {
+            let endpoint =
+                kvmesh_runtime::net::mesh_endpoint(&record.address, Duration::from_secs(1)).ok()?;
+            ReplicaLink::Grpc(QueryStream::spawn(GrpcIndexerClient::new(
+                endpoint.connect_lazy(),
+            )))
+        }
+    };
     Some(Replica {
         instance_id: record.instance_id,
         layout,
-        queries: QueryStream::spawn(GrpcIndexerClient::new(endpoint.connect_lazy())),
+        link,
     })
 }

@@ -10,6 +10,7 @@ pub mod client;
 pub mod consumer;
 pub mod convert;
 pub mod embedded;
+pub mod local;
 pub mod markers;
 pub mod metrics;
 pub mod service;
@@ -270,6 +271,8 @@ pub async fn run(
             _ = tokio::time::sleep(Duration::from_millis(50)) => {}
         }
     }
+    // Routers in this process find the replica in the local table before they see its record.
+    let _local = local::register(discovery.instance_id(), service.clone());
     register(discovery.as_ref(), &opts, &layout, &address.to_string()).await?;
     tracing::info!(%address, shard = layout.shard, partitions = ?layout.partitions, "indexer replica serving");
 

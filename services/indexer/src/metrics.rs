@@ -24,6 +24,10 @@ pub struct IndexerMetrics {
     pub lag: IntGauge,
     /// Queries answered.
     pub queries: IntCounter,
+    /// Queries answered over gRPC.
+    pub grpc_queries: IntCounter,
+    /// Queries answered by a direct call from a router in this process.
+    pub in_process_queries: IntCounter,
     /// FindMatches latency.
     pub find_matches_seconds: Histogram,
     /// Messages that could not be decoded.
@@ -64,6 +68,14 @@ impl IndexerMetrics {
             "messages behind the stream tail",
         )?;
         let queries = IntCounter::new("kvmesh_indexer_queries_total", "FindMatches calls")?;
+        let grpc_queries = IntCounter::new(
+            "kvmesh_indexer_grpc_queries_total",
+            "queries answered over gRPC",
+        )?;
+        let in_process_queries = IntCounter::new(
+            "kvmesh_indexer_in_process_queries_total",
+            "queries answered by a direct call from a router in this process",
+        )?;
         let find_matches_seconds = Histogram::with_opts(
             HistogramOpts::new("kvmesh_indexer_find_matches_seconds", "FindMatches latency")
                 .buckets(prometheus::exponential_buckets(1e-6, 2.0, 20)?),
@@ -84,6 +96,8 @@ impl IndexerMetrics {
         registry.register(Box::new(applied_seq.clone()))?;
         registry.register(Box::new(lag.clone()))?;
         registry.register(Box::new(queries.clone()))?;
+        registry.register(Box::new(grpc_queries.clone()))?;
+        registry.register(Box::new(in_process_queries.clone()))?;
         registry.register(Box::new(find_matches_seconds.clone()))?;
         registry.register(Box::new(malformed.clone()))?;
         Ok(Self {
@@ -95,6 +109,8 @@ impl IndexerMetrics {
             applied_seq,
             lag,
             queries,
+            grpc_queries,
+            in_process_queries,
             find_matches_seconds,
             malformed,
             stream_failures,

@@ -85,6 +85,16 @@ impl IndexerService {
         Ok(cut)
     }
 
+    /// Answers one query for a router in this process, with no gRPC in between
+    /// (the caller found this replica in the process's table of local replicas).
+    pub fn answer_in_process(
+        &self,
+        request: FindMatchesRequest,
+    ) -> Result<FindMatchesResponse, tonic::Status> {
+        self.metrics.in_process_queries.inc();
+        self.answer(request)
+    }
+
     /// Answers one query (unary or on a stream).
     fn answer(&self, request: FindMatchesRequest) -> Result<FindMatchesResponse, tonic::Status> {
         if self.state.state() != IndexerState::Serving {
@@ -172,6 +182,7 @@ impl Indexer for IndexerService {
         &self,
         request: tonic::Request<FindMatchesRequest>,
     ) -> Result<tonic::Response<FindMatchesResponse>, tonic::Status> {
+        self.metrics.grpc_queries.inc();
         self.answer(request.into_inner()).map(tonic::Response::new)
     }
 
@@ -183,9 +194,10 @@ impl Indexer for IndexerService {
         request: tonic::Request<tonic::Streaming<FindMatchesRequest>>,
     ) -> Result<tonic::Response<Self::FindMatchesStreamStream>, tonic::Status> {
         let service = self.clone();
-        let answers = request
-            .into_inner()
-            .map(move |query| service.answer(query?));
+        let answers = request.into_inner().map(move |query| {
+            service.metrics.grpc_queries.inc();
+            service.answer(query?)
+        });
         Ok(tonic::Response::new(answers.boxed()))
     }
 
@@ -300,6 +312,8 @@ impl Indexer for IndexerService {
                 })
                 .collect(),
             counters,
+            grpc_queries: self.metrics.grpc_queries.get(),
+            in_process_queries: self.metrics.in_process_queries.get(),
         }))
     }
 }
