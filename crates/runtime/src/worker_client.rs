@@ -12,6 +12,8 @@ use futures::{Stream, StreamExt};
 use kvmesh_proto::v1::worker_client::WorkerClient;
 use kvmesh_proto::v1::{GenerateRequest, GenerateResponse};
 
+use crate::GrpcErrorCode as _;
+
 /// The stream of responses of one generation. Dropping it cancels the request on the worker.
 pub type ResponseStream =
     Pin<Box<dyn Stream<Item = Result<GenerateResponse, tonic::Status>> + Send>>;
@@ -124,12 +126,17 @@ impl WorkerEndpoint for GrpcWorker {
 }
 
 /// A status this side made because the connection failed (reset, refused mid-handshake, closed
-/// by a dying worker) says `Unknown` or `Internal` with the transport error as its source; a
-/// status the worker sent has no source. The first kind means the worker could not be reached,
-/// so callers may safely try another worker: nothing reached the client yet.
+/// by a dying worker: "operation was canceled") says `Unknown`, `Internal` or `Cancelled` with the
+/// transport error as its source; a status the worker sent has no source, and this side cancels
+/// only by dropping the stream, which yields no status. The first kind means the worker could not
+/// be reached, so callers may safely try another worker: nothing reached the client yet.
 fn connection_failure_is_unavailable(status: tonic::Status) -> tonic::Status {
     let is_local = std::error::Error::source(&status).is_some();
-    if is_local && matches!(status.code(), tonic::Code::Unknown | tonic::Code::Internal) {
+    let is_transport = matches!(
+        status.code(),
+        tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Cancelled
+    );
+    if is_local && is_transport {
         return crate::ErrorCode::Unavailable
             .to_status(format!("worker connection failed: {}", status.message()));
     }
@@ -137,7 +144,7 @@ fn connection_failure_is_unavailable(status: tonic::Status) -> tonic::Status {
 }
 
 /// Responses a slow caller may fall behind by before new ones are merged into the last.
-const MAX_UNMERGED_RESPONSES: usize = 256;
+const MAX_UNMERGED_RESPONSES: usize = 32;
 
 /// A worker's response stream, read as fast as the worker sends it.
 ///
