@@ -2,7 +2,7 @@
 //! scoring every candidate and selecting one (and recording it in the tracker), for 2k and 100k
 //! token prompts among 8, 128 and 1024 workers.
 //!
-//! `cargo bench -p kvmesh-router --bench decision -- --warm-up-time 1 --measurement-time 3`
+//! `cargo bench -p kvmesh-routing --bench decision -- --warm-up-time 1 --measurement-time 3`
 
 // Benchmark set-up may stop on a broken fixture.
 #![allow(clippy::expect_used)]
@@ -15,7 +15,7 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use kvmesh_kv::{
     ConcurrentIndex, KvEvent, KvEventBatch, KvEventKind, KvStored, KvStoredBlock, Tier,
 };
-use kvmesh_router::{
+use kvmesh_routing::{
     Rng, RouteOutcome, RouteRequest, RouterConfig, RouterCore, RouterMode, TerminalPath, WorkerInfo,
 };
 

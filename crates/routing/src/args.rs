@@ -10,7 +10,7 @@ use std::ffi::OsStr;
 use std::time::Duration;
 
 use clap::Args;
-use kvmesh_runtime::config::{negatable, parse_bool};
+use kvmesh_core::flags::{negatable, parse_bool};
 
 use crate::config::{
     ApproxCachePolicy, BusyThresholds, ConfigError, KvRouterConfig, QueuePolicy, RouterConfig,

@@ -138,7 +138,7 @@ fn flags_and_environment_names_match_the_spec() {
             "--{long}"
         );
     }
-    kvmesh_runtime::config::check_unique_env(&command).unwrap();
+    kvmesh_core::flags::check_unique_env(&command).unwrap();
 }
 
 #[test]

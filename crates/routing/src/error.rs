@@ -3,14 +3,14 @@
 /// Status code an overloaded rejection uses unless `DYN_HTTP_OVERLOAD_STATUS_CODE` says otherwise.
 pub const DEFAULT_OVERLOAD_STATUS: u16 = 529;
 
-use kvmesh_runtime::ErrorCode;
+use kvmesh_core::ErrorCode;
 
 /// Message of the overloaded rejection (docs/routing.md, "Busy detection and overload"),
 /// reproduced exactly.
 pub const OVERLOADED_MESSAGE: &str =
     "Service temporarily unavailable: All workers are busy, please retry later";
 
-/// A routing failure. Each kind knows its HTTP status; the gRPC mapping lives with the service.
+/// A routing failure. Each kind knows its code; the gRPC mapping lives with the router service.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RouteError {
     /// No live worker is compatible with the request (filters, pins, dead pinned worker).
@@ -71,8 +71,9 @@ impl RouteError {
         }
     }
 
-    /// Which failure this is, as named beside the code on the wire (see [`Self::to_status`]).
-    fn reason(&self) -> &'static str {
+    /// Which failure this is, by a stable name: what a gRPC status carries beside its code so
+    /// the receiver rebuilds the same error ([`Self::from_reason`]).
+    pub fn reason(&self) -> &'static str {
         match self {
             RouteError::NoEndpoint => "no_endpoint",
             RouteError::Overloaded => "overloaded",
@@ -86,46 +87,45 @@ impl RouteError {
         }
     }
 
-    /// The gRPC status the router service answers with: its code (a model the router does not
-    /// know is `NotFound` here) and, in the metadata, which routing failure it was.
-    pub fn to_status(&self) -> tonic::Status {
-        let code = match self {
+    /// The code a router's own API answers with: a model the router does not know is *not
+    /// found* there.
+    pub fn api_code(&self) -> ErrorCode {
+        match self {
             RouteError::UnknownModel(_) => ErrorCode::NotFound,
             other => other.code(),
-        };
-        let message = match self {
-            // The worker's own words: the receiver wraps them in its own context.
-            RouteError::Worker { message, .. } => message.clone(),
-            other => other.to_string(),
-        };
-        code.to_status_with_reason(message, Some(self.reason()))
+        }
     }
 
-    /// The routing failure a router replica's status stands for (the inverse of
-    /// [`Self::to_status`], read from the status's metadata, never from its message); `None`
-    /// when the replica itself failed (no routing reason: a transport error, a replica
-    /// stopping), so the caller should try another replica. `model` is the model the call was
-    /// about.
-    pub fn from_status(status: &tonic::Status, model: &str) -> Option<Self> {
-        let message = || status.message().to_string();
-        let error = match kvmesh_runtime::error::status_reason(status)? {
+    /// The message a router's API sends: a worker's own words (the receiver wraps them in its
+    /// own context), else this error's.
+    pub fn api_message(&self) -> String {
+        match self {
+            RouteError::Worker { message, .. } => message.clone(),
+            other => other.to_string(),
+        }
+    }
+
+    /// The error [`Self::reason`] names, rebuilt from what crossed the wire: the reason, the
+    /// error code and the message, and the model the call was about; `None` for a reason that is
+    /// not a routing failure (a router replica's own failure, so the caller tries another).
+    pub fn from_reason(reason: &str, code: ErrorCode, message: &str, model: &str) -> Option<Self> {
+        Some(match reason {
             "no_endpoint" => RouteError::NoEndpoint,
             "overloaded" => RouteError::Overloaded,
-            "bad_request" => RouteError::BadRequest(message()),
+            "bad_request" => RouteError::BadRequest(message.to_string()),
             "not_ready" => RouteError::NotReady,
             "cancelled" => RouteError::Cancelled,
             "unknown_model" => RouteError::UnknownModel(model.to_string()),
             "worker_timeout" => RouteError::Worker {
                 code: ErrorCode::Timeout,
-                message: message(),
+                message: message.to_string(),
             },
             "worker" => RouteError::Worker {
-                code: ErrorCode::of_status(status),
-                message: message(),
+                code,
+                message: message.to_string(),
             },
             _ => return None,
-        };
-        Some(error)
+        })
     }
 
     /// Whether a session binding must be dropped after this failure: any failure to select other
@@ -140,10 +140,6 @@ mod tests {
     use super::*;
 
     #[test]
-    #[allow(
-        clippy::disallowed_methods,
-        reason = "statuses as other peers send them"
-    )]
     fn statuses() {
         assert_eq!(
             RouteError::Overloaded.http_status(DEFAULT_OVERLOAD_STATUS),
@@ -152,48 +148,13 @@ mod tests {
         assert_eq!(RouteError::Overloaded.http_status(503), 503);
         assert_eq!(RouteError::NoEndpoint.http_status(529), 503);
         assert_eq!(RouteError::BadRequest("x".into()).http_status(529), 400);
-        for error in [
-            RouteError::NoEndpoint,
-            RouteError::NotReady,
-            RouteError::Overloaded,
-            RouteError::BadRequest("bad".into()),
-            RouteError::Cancelled,
-            RouteError::UnknownModel("m".into()),
-            RouteError::Worker {
-                code: ErrorCode::InvalidArgument,
-                message: "prompt too long".into(),
-            },
-        ] {
-            let status = error.to_status();
-            assert_eq!(RouteError::from_status(&status, "m"), Some(error.clone()));
-            // The kind survives a message that says something else.
-            let reworded = tonic::Status::with_metadata(
-                status.code(),
-                match &error {
-                    RouteError::BadRequest(message) => message.clone(),
-                    RouteError::Worker { message, .. } => message.clone(),
-                    _ => "reworded by a newer replica".to_string(),
-                },
-                status.metadata().clone(),
-            );
-            assert_eq!(RouteError::from_status(&reworded, "m"), Some(error.clone()));
-            // And it survives the RouteStream's failure message.
-            let streamed =
-                crate::wire::failure_from_proto(crate::wire::failure_to_proto(&reworded));
-            assert_eq!(RouteError::from_status(&streamed, "m"), Some(error));
-        }
-        // A replica's own failure carries no routing reason: try another replica.
-        assert_eq!(
-            RouteError::from_status(&tonic::Status::unavailable("connection refused"), "m"),
-            None
-        );
-        assert_eq!(
-            RouteError::from_status(&ErrorCode::Unavailable.to_status("stopping"), "m"),
-            None
-        );
         assert_eq!(
             RouteError::Overloaded.to_string(),
             "Service temporarily unavailable: All workers are busy, please retry later"
+        );
+        assert_eq!(
+            RouteError::from_reason("unreachable", ErrorCode::Unavailable, "", "m"),
+            None
         );
     }
 }

@@ -1,9 +1,10 @@
 //! Where cache overlap comes from: a trait between the router and the index.
 //!
 //! The routing core asks an [`OverlapSource`] "how many leading blocks of this prompt does each
-//! (worker, dp_rank) cache?". The in-process indexes of `kvmesh_kv` implement it synchronously;
-//! the indexer client that fans out to remote shards can implement it (or call the core with
-//! precomputed scores through [`crate::RouterCore::route_prepared`]) without the core changing.
+//! (worker, dp_rank) cache?". The in-process indexes of `kvmesh_kv` and the indexer's shard state
+//! (in `kvmesh-indexer`) implement it synchronously; the indexer client that fans out to shards
+//! is asked before a decision and its answer passed in through
+//! [`crate::RouterCore::route_prepared`], so the core does not change with where the index is.
 //! The approximate and predicted side indexes are owned by the core itself because they are fed
 //! by its own decisions.
 
@@ -22,12 +23,6 @@ pub trait OverlapSource: Send + Sync {
 impl OverlapSource for ConcurrentIndex {
     fn find_matches(&self, _model: &str, local_hashes: &[u64]) -> OverlapScores {
         ConcurrentIndex::find_matches(self, local_hashes)
-    }
-}
-
-impl OverlapSource for kvmesh_indexer::shard::ShardState {
-    fn find_matches(&self, model: &str, local_hashes: &[u64]) -> OverlapScores {
-        kvmesh_indexer::shard::ShardState::find_matches(self, model, local_hashes)
     }
 }
 

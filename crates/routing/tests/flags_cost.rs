@@ -5,7 +5,7 @@ mod helpers;
 
 use helpers::*;
 use kvmesh_kv::Tier;
-use kvmesh_router::{RouteRequest, RouterMode, TerminalPath, WorkerInfo};
+use kvmesh_routing::{RouteRequest, RouterMode, TerminalPath, WorkerInfo};
 
 fn p() -> Vec<u32> {
     prompt(0, 40) // 10 blocks

@@ -5,7 +5,7 @@ mod helpers;
 
 use helpers::*;
 use kvmesh_kv::WorkerKey;
-use kvmesh_router::{RouteError, RouteRequest, TerminalPath, WorkerLoad};
+use kvmesh_routing::{RouteError, RouteRequest, TerminalPath, WorkerLoad};
 
 const W1: WorkerKey = WorkerKey::new(1, 0);
 

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use clap::ValueEnum;
-use kvmesh_router::{
+use kvmesh_routing::{
     BusyThresholds, Decision, RankLoadSnapshot, Rng, RouteOutcome, RouteRequest, RouterConfig,
     RouterCore, RouterMode, RoutingHints, RuntimeConfig, SessionAffinityMode, TerminalPath, Ticket,
     WorkerInfo, WorkerLoad,

@@ -9,7 +9,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use clap::ValueEnum;
-use kvmesh_router::{
+use kvmesh_routing::{
     Admission, BusyThresholds, ManualClock, QueuedRoute, RankLoadSnapshot, Rng, RouteGuard,
     RouteRequest, RouterConfig, RouterCore, RouterMode, RoutingHints, RuntimeConfig, SharedRouter,
     TerminalPath, WorkerInfo,

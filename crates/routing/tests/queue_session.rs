@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use helpers::*;
 use kvmesh_kv::Tier;
-use kvmesh_router::{
+use kvmesh_routing::{
     BusyThresholds, RouteError, RouteOutcome, RouteRequest, RouterCore, RoutingHints, TerminalPath,
     Ticket,
 };

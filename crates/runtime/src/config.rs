@@ -5,11 +5,12 @@
 //! environment, then default. Invalid values stop start-up with clap's one-line error naming the
 //! flag (exit status 2).
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, Command, ValueEnum};
+
+pub use kvmesh_core::flags::{check_unique_env, env_truthy, is_truthy, negatable, parse_bool};
 
 use crate::telemetry::LogFormat;
 use crate::{Error, Result};
@@ -158,28 +159,6 @@ impl RuntimeOpts {
     }
 }
 
-/// Strict boolean parser for flags and their environment variables: `1 true yes on` and
-/// `0 false no off`, case-insensitive; anything else is an error.
-pub fn parse_bool(value: &str) -> std::result::Result<bool, String> {
-    match value.trim().to_ascii_lowercase().as_str() {
-        "1" | "true" | "yes" | "on" => Ok(true),
-        "0" | "false" | "no" | "off" => Ok(false),
-        other => Err(format!(
-            "expected one of 1 true yes on 0 false no off, got {other:?}"
-        )),
-    }
-}
-
-/// Whether a "truthy" switch value is set (`1 true yes on`, case-insensitive).
-pub fn is_truthy(value: &str) -> bool {
-    matches!(parse_bool(value), Ok(true))
-}
-
-/// Whether an environment switch is truthy.
-pub fn env_truthy(name: &str) -> bool {
-    std::env::var(name).map(|v| is_truthy(&v)).unwrap_or(false)
-}
-
 /// Reads an optional numeric environment variable, naming it in the error.
 pub fn env_number<T: std::str::FromStr>(name: &str) -> Result<Option<T>> {
     match std::env::var(name) {
@@ -190,27 +169,6 @@ pub fn env_number<T: std::str::FromStr>(name: &str) -> Result<Option<T>> {
             .map_err(|_| Error::Config(format!("{name}: not a valid number: {value:?}"))),
         _ => Ok(None),
     }
-}
-
-/// Resolves a negatable boolean flag pair (`--x` / `--no-x`).
-pub fn negatable(value: bool, negated: bool) -> bool {
-    value && !negated
-}
-
-/// Checks that no two arguments of `command` read the same environment variable.
-pub fn check_unique_env(command: &Command) -> std::result::Result<(), String> {
-    let mut seen = BTreeMap::new();
-    for arg in command.get_arguments() {
-        if let Some(name) = arg.get_env().and_then(|name| name.to_str())
-            && let Some(previous) = seen.insert(name.to_string(), arg.get_id().to_string())
-        {
-            return Err(format!(
-                "{name} is read by both --{previous} and --{}",
-                arg.get_id()
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// Writes every argument's resolved value and source (`cli`, `env`, `default`) as JSON.

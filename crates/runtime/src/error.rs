@@ -1,86 +1,45 @@
 //! The runtime's error type and the one code table every crate maps its errors to.
 //!
-//! Each crate has its own `thiserror` enum; each enum says which [`ErrorCode`] it is. The code maps
-//! to an HTTP status (with an OpenAI error `type`) and to a gRPC status in exactly one place here.
+//! Each crate has its own `thiserror` enum; each enum says which [`ErrorCode`] it is. The code
+//! table itself lives in `kvmesh-core` (with its HTTP mapping); its gRPC mapping is here, once
+//! ([`GrpcErrorCode`]).
 //!
 //! Across gRPC the code travels in the status's metadata ([`ERROR_CODE_KEY`]), beside a finer
 //! `reason` a crate may add ([`ERROR_REASON_KEY`]), so the receiving side recovers exactly what
 //! the sender meant whatever its message says; a peer that sets neither (another implementation
 //! of a contract) is read by its gRPC code alone.
 
-/// What kind of failure an error is, independent of the protocol that reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ErrorCode {
-    /// The caller sent something wrong.
-    InvalidArgument,
-    /// The named model, route or object does not exist.
-    NotFound,
-    /// The request body is over the size limit.
-    PayloadTooLarge,
-    /// The path exists but not with this method.
-    MethodNotAllowed,
-    /// Known but not ready: no worker, draining, a dependency down.
-    Unavailable,
-    /// Every worker is busy or a queue is full.
-    Overloaded,
-    /// A deadline passed before the response started.
-    Timeout,
-    /// A recognised feature that is not supported.
-    NotImplemented,
-    /// The caller went away.
-    Cancelled,
-    /// Anything unclassified. Its message must not leak internals to clients.
-    Internal,
+pub use kvmesh_core::ErrorCode;
+
+/// The gRPC side of the [`ErrorCode`] table: the status code each code maps to and back, and
+/// statuses that carry the code in their metadata. Import it to call these on `ErrorCode`.
+pub trait GrpcErrorCode: Sized {
+    /// gRPC status code for this code.
+    fn grpc_code(self) -> tonic::Code;
+
+    /// The code a gRPC status code maps back to, for peers that send no metadata.
+    fn from_grpc(code: tonic::Code) -> Self;
+
+    /// A gRPC status with this code and message; the code itself rides in the metadata.
+    fn to_status(self, message: impl Into<String>) -> tonic::Status {
+        self.to_status_with_reason(message, None)
+    }
+
+    /// [`Self::to_status`] with a finer reason a receiver of the same crate reads back with
+    /// [`status_reason`] (for example which routing failure it was).
+    fn to_status_with_reason(
+        self,
+        message: impl Into<String>,
+        reason: Option<&'static str>,
+    ) -> tonic::Status;
+
+    /// The code a gRPC status stands for: the one its sender put in the metadata, else the
+    /// nearest to its gRPC code.
+    fn of_status(status: &tonic::Status) -> Self;
 }
 
-impl ErrorCode {
-    /// HTTP status for this code. `Overloaded` uses the configurable overload status.
-    pub fn http_status(self, overload_status: u16) -> u16 {
-        match self {
-            Self::InvalidArgument => 400,
-            Self::NotFound => 404,
-            Self::PayloadTooLarge => 413,
-            Self::MethodNotAllowed => 405,
-            Self::Unavailable => 503,
-            Self::Overloaded => overload_status,
-            Self::Timeout => 504,
-            Self::NotImplemented => 501,
-            Self::Cancelled => 499,
-            Self::Internal => 500,
-        }
-    }
-
-    /// The OpenAI error `type` string for this code.
-    pub fn openai_type(self) -> &'static str {
-        match self {
-            Self::InvalidArgument | Self::PayloadTooLarge | Self::MethodNotAllowed => {
-                "invalid_request_error"
-            }
-            Self::NotFound => "not_found_error",
-            Self::Unavailable => "service_unavailable",
-            Self::Overloaded => "overloaded",
-            Self::Timeout => "timeout",
-            Self::NotImplemented => "not_implemented",
-            Self::Cancelled => "cancelled",
-            Self::Internal => "internal_error",
-        }
-    }
-
-    /// The `error_type` label of `requests_total` for this code.
-    pub fn metric_label(self) -> &'static str {
-        match self {
-            Self::InvalidArgument | Self::PayloadTooLarge | Self::MethodNotAllowed => "validation",
-            Self::NotFound => "not_found",
-            Self::Unavailable | Self::Internal => "internal",
-            Self::Overloaded => "overload",
-            Self::Timeout => "response_timeout",
-            Self::NotImplemented => "not_implemented",
-            Self::Cancelled => "cancelled",
-        }
-    }
-
-    /// gRPC status code for this code.
-    pub fn grpc_code(self) -> tonic::Code {
+impl GrpcErrorCode for ErrorCode {
+    fn grpc_code(self) -> tonic::Code {
         match self {
             Self::InvalidArgument => tonic::Code::InvalidArgument,
             Self::NotFound => tonic::Code::NotFound,
@@ -95,8 +54,7 @@ impl ErrorCode {
         }
     }
 
-    /// The code a gRPC status maps back to, for errors that cross a process boundary.
-    pub fn from_grpc(code: tonic::Code) -> Self {
+    fn from_grpc(code: tonic::Code) -> Self {
         match code {
             tonic::Code::InvalidArgument | tonic::Code::FailedPrecondition => Self::InvalidArgument,
             tonic::Code::NotFound => Self::NotFound,
@@ -110,50 +68,8 @@ impl ErrorCode {
         }
     }
 
-    /// The stable name of this code on the wire (gRPC metadata, `RouteFailure`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::InvalidArgument => "invalid_argument",
-            Self::NotFound => "not_found",
-            Self::PayloadTooLarge => "payload_too_large",
-            Self::MethodNotAllowed => "method_not_allowed",
-            Self::Unavailable => "unavailable",
-            Self::Overloaded => "overloaded",
-            Self::Timeout => "timeout",
-            Self::NotImplemented => "not_implemented",
-            Self::Cancelled => "cancelled",
-            Self::Internal => "internal",
-        }
-    }
-
-    /// The code [`Self::name`] gives, if `name` is one.
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|code| code.name() == name)
-    }
-
-    /// Every code, for tables and tests.
-    pub const ALL: [Self; 10] = [
-        Self::InvalidArgument,
-        Self::NotFound,
-        Self::PayloadTooLarge,
-        Self::MethodNotAllowed,
-        Self::Unavailable,
-        Self::Overloaded,
-        Self::Timeout,
-        Self::NotImplemented,
-        Self::Cancelled,
-        Self::Internal,
-    ];
-
-    /// A gRPC status with this code and message; the code itself rides in the metadata.
-    pub fn to_status(self, message: impl Into<String>) -> tonic::Status {
-        self.to_status_with_reason(message, None)
-    }
-
-    /// [`Self::to_status`] with a finer reason a receiver of the same crate reads back with
-    /// [`status_reason`] (for example which routing failure it was).
     #[allow(clippy::disallowed_methods, reason = "the one place a status is built")]
-    pub fn to_status_with_reason(
+    fn to_status_with_reason(
         self,
         message: impl Into<String>,
         reason: Option<&'static str>,
@@ -172,9 +88,7 @@ impl ErrorCode {
         tonic::Status::with_metadata(self.grpc_code(), message, metadata)
     }
 
-    /// The code a gRPC status stands for: the one its sender put in the metadata, else the
-    /// nearest to its gRPC code.
-    pub fn of_status(status: &tonic::Status) -> Self {
+    fn of_status(status: &tonic::Status) -> Self {
         status
             .metadata()
             .get(ERROR_CODE_KEY)

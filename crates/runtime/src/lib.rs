@@ -13,4 +13,4 @@ pub mod shutdown;
 pub mod telemetry;
 pub mod worker_client;
 
-pub use error::{Error, ErrorCode, Result};
+pub use error::{Error, ErrorCode, GrpcErrorCode, Result};

@@ -13,6 +13,7 @@ use kvmesh_proto::v1::{
     GetLoadRequest, GetLoadResponse, StopConditions, Usage, WorkerIdentity,
 };
 use kvmesh_runtime::ErrorCode;
+use kvmesh_runtime::GrpcErrorCode as _;
 use kvmesh_runtime::worker_client::{GrpcSettings, ResponseStream, connect_worker};
 
 /// Streams `max_tokens` one-token responses as fast as it can, then a finish with usage.

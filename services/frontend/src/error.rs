@@ -57,7 +57,7 @@ pub enum FrontendError {
     },
     /// The router could not place the request (no worker, all busy, bad routing header).
     #[error("{0}")]
-    Route(kvmesh_router::RouteError),
+    Route(kvmesh_routing::RouteError),
     /// Anything unclassified; the message is logged, not sent.
     #[error("internal error")]
     Internal(String),
@@ -151,12 +151,12 @@ impl FrontendError {
     }
 }
 
-impl From<kvmesh_router::RouteError> for FrontendError {
+impl From<kvmesh_routing::RouteError> for FrontendError {
     /// The seam's failures: a worker's failure and silence keep the edge's own words for them.
-    fn from(error: kvmesh_router::RouteError) -> Self {
+    fn from(error: kvmesh_routing::RouteError) -> Self {
         match error {
-            kvmesh_router::RouteError::Worker { code, message } => Self::Worker { code, message },
-            kvmesh_router::RouteError::WorkerTimeout(secs) => Self::Timeout(secs),
+            kvmesh_routing::RouteError::Worker { code, message } => Self::Worker { code, message },
+            kvmesh_routing::RouteError::WorkerTimeout(secs) => Self::Timeout(secs),
             other => Self::Route(other),
         }
     }
@@ -176,7 +176,7 @@ impl From<kvmesh_llm::LlmError> for FrontendError {
 
 #[cfg(test)]
 mod tests {
-    use kvmesh_router::RouteError;
+    use kvmesh_routing::RouteError;
 
     use super::*;
 
@@ -196,7 +196,7 @@ mod tests {
         assert_eq!(code, 529);
         assert_eq!(kind, "overloaded");
         let body = FrontendError::from(RouteError::Overloaded).body();
-        assert_eq!(body["message"], kvmesh_router::OVERLOADED_MESSAGE);
+        assert_eq!(body["message"], kvmesh_routing::OVERLOADED_MESSAGE);
     }
 
     #[test]

@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 use futures::Stream;
 use kvmesh_llm::openai::FinishReason as OpenAiFinish;
 use kvmesh_proto::v1::{FinishReason, GenerateRequest};
+use kvmesh_router::GenerateOptions;
 pub use kvmesh_router::{FirstResponseWait, Generation};
-use kvmesh_router::{GenerateOptions, RoutingHints};
+use kvmesh_routing::RoutingHints;
 
 use crate::error::FrontendError;
 use crate::models::ModelEntry;

@@ -4,8 +4,8 @@
 //! The frontend fills [`RoutingHints`] from `nvext` first and then applies the headers, which win.
 //! HTTP concerns, so they live with the HTTP edge; the router sees only the [`RoutingHints`].
 
-use kvmesh_router::RouteError;
-use kvmesh_router::RoutingHints;
+use kvmesh_routing::RouteError;
+use kvmesh_routing::RoutingHints;
 
 /// Worker pin (backend and decode worker), canonical name first.
 pub const WORKER_INSTANCE_ID: [&str; 2] = ["x-dynamo-worker-instance-id", "x-worker-instance-id"];

@@ -184,8 +184,8 @@ pub(crate) fn routing_hints(
     settings: &HttpSettings,
     headers: &HeaderMap,
     nvext: Option<&serde_json::Value>,
-) -> Result<kvmesh_router::RoutingHints, FrontendError> {
-    let mut hints = kvmesh_router::RoutingHints::default();
+) -> Result<kvmesh_routing::RoutingHints, FrontendError> {
+    let mut hints = kvmesh_routing::RoutingHints::default();
     if let Some(nvext) = nvext.filter(|_| !settings.disable_nvext) {
         crate::hints::apply_nvext(&mut hints, nvext)?;
     }

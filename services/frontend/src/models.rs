@@ -10,10 +10,8 @@ use arc_swap::ArcSwap;
 use futures::StreamExt;
 use kvmesh_proto::v1::ModelCard;
 use kvmesh_router::fleet::{self, DiscoveredRecords, IndexSettings, IndexSources};
-use kvmesh_router::{
-    LocalDecider, MigrationPolicy, ModelRouter, RemoteRouters, ReplicaDecider, RouterConfig,
-    SharedRouter,
-};
+use kvmesh_router::{LocalDecider, MigrationPolicy, ModelRouter, RemoteRouters, ReplicaDecider};
+use kvmesh_routing::{RouterConfig, SharedRouter};
 use kvmesh_runtime::discovery::Discovery;
 use kvmesh_runtime::event_plane::EventPlane;
 use kvmesh_runtime::worker_client::{GrpcSettings, connect_worker};

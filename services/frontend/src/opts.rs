@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser};
-use kvmesh_router::{RouterArgs, RouterConfig};
+use kvmesh_routing::{RouterArgs, RouterConfig};
 use kvmesh_runtime::config::RuntimeOpts;
 
 pub use kvmesh_router::decider::RemoteRouterMode;
@@ -209,7 +209,7 @@ mod tests {
         assert!(error.contains("--model-path"), "{error}");
         let opts = FrontendOpts::try_parse_from(["f", "--router-mode", "kv"]).unwrap();
         let config = opts.frontend.router_config().unwrap();
-        assert_eq!(config.mode, kvmesh_router::RouterMode::Kv);
+        assert_eq!(config.mode, kvmesh_routing::RouterMode::Kv);
         let error = FrontendOpts::try_parse_from(["f", "--router-mode", "nope"])
             .unwrap_err()
             .to_string();

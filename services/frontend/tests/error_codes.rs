@@ -18,6 +18,7 @@ use kvmesh_proto::v1::{
     InstanceRecord, ModelCard, ModelRecord, ModelRuntimeConfig,
 };
 use kvmesh_runtime::ErrorCode;
+use kvmesh_runtime::GrpcErrorCode as _;
 use kvmesh_runtime::connect::Embedded;
 use kvmesh_runtime::discovery::Discovery;
 use kvmesh_runtime::discovery::mem::MemDiscovery;

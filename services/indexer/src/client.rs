@@ -23,6 +23,7 @@ use crate::bootstrap::{INDEXER_COMPONENT, INDEXER_ENDPOINT, layout_of};
 use crate::convert::scores_from_proto;
 use crate::service::IndexerService;
 use crate::shard::ShardLayout;
+use kvmesh_runtime::GrpcErrorCode as _;
 
 /// The merged answer of every shard.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

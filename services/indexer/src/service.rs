@@ -21,6 +21,7 @@ use crate::consumer::{Control, Cut};
 use crate::convert::{batch_to_proto, scores_to_proto};
 use crate::metrics::IndexerMetrics;
 use crate::shard::ShardState;
+use kvmesh_runtime::GrpcErrorCode as _;
 
 /// Encoded bytes a snapshot chunk grows to before the next batch starts a new one, keeping chunks
 /// well under gRPC's 64 MiB message limit whatever the batches hold (a batch of long stored

@@ -132,6 +132,13 @@ impl ShardState {
     }
 }
 
+/// The in-process router reads a shard's state directly (a frontend keeping its own index).
+impl kvmesh_routing::OverlapSource for ShardState {
+    fn find_matches(&self, model: &str, local_hashes: &[u64]) -> OverlapScores {
+        ShardState::find_matches(self, model, local_hashes)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,7 +20,7 @@ use kvmesh_proto::v1::{
     route_stream_request, route_stream_response,
 };
 use kvmesh_router::service::{RoutedModel, RouterService};
-use kvmesh_router::{
+use kvmesh_routing::{
     MonotonicClock, RouterConfig, RouterCore, RouterMode, RuntimeConfig, SharedRouter, WorkerInfo,
 };
 

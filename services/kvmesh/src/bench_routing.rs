@@ -2,7 +2,7 @@
 //!
 //! K mock engine cores ([`kvmesh_mocker::engine::DpEngine`]) run on one virtual clock
 //! ([`Simulation`]); each arriving request is placed by the real routing core
-//! ([`kvmesh_router::RouterCore`]) in one of the product modes, or by the load-capped greedy
+//! ([`kvmesh_routing::RouterCore`]) in one of the product modes, or by the load-capped greedy
 //! reference policy. The router sees what it would see in production: the engines' KV events
 //! through the in-process event index, their published load, first tokens and finishes, all at
 //! the virtual time they happen. The workload is a Mooncake-format trace replayed at its
@@ -30,7 +30,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use kvmesh_mocker::engine::EngineConfig;
 use kvmesh_mocker::engine::sim::{SimConfig, Simulation};
-use kvmesh_router::{KvRouterConfig, RouterConfig, RouterMode};
+use kvmesh_routing::{KvRouterConfig, RouterConfig, RouterMode};
 use serde::Serialize;
 
 use self::handler::{BenchHandler, Fleet, Policy};

@@ -10,6 +10,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::{DpEngine, EngineConfig, EngineRequest, FinishKind, KvCacheEvent};
+use kvmesh_runtime::GrpcErrorCode as _;
 
 /// Responses of one request, as the gRPC layer sends them.
 pub type ResponseTx = mpsc::UnboundedSender<Result<GenerateResponse, tonic::Status>>;

@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::driver::{Command, RankOutput};
 use crate::engine::{EngineRequest, KvCacheEvent};
+use kvmesh_runtime::GrpcErrorCode as _;
 
 /// The request side of a mock worker: routes each request to its data-parallel rank.
 #[derive(Clone)]

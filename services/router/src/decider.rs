@@ -10,12 +10,12 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use kvmesh_indexer::client::IndexerClient;
 
-use crate::config::BusyThresholds;
-use crate::error::RouteError;
 use crate::remote::{RemoteLease, RemoteRouters};
-use crate::request::{Decision, RouteRequest, TerminalPath};
 use crate::routing::route_with_index;
-use crate::shared::{RouteGuard, SharedRouter};
+use kvmesh_routing::config::BusyThresholds;
+use kvmesh_routing::error::RouteError;
+use kvmesh_routing::request::{Decision, RouteRequest, TerminalPath};
+use kvmesh_routing::shared::{RouteGuard, SharedRouter};
 
 /// A routed request's hold on its worker's load. Every terminal path releases it once: an
 /// explicit [`RouteLease::finish`], or a drop (the caller went away) as disconnected.

@@ -17,8 +17,8 @@ use kvmesh_runtime::names;
 use prost::Message as _;
 use tokio_util::sync::CancellationToken;
 
-use crate::shared::SharedRouter;
-use crate::worker::{MAX_DATA_PARALLEL_RANKS, RuntimeConfig, WorkerInfo, WorkerLoad};
+use kvmesh_routing::shared::SharedRouter;
+use kvmesh_routing::worker::{MAX_DATA_PARALLEL_RANKS, RuntimeConfig, WorkerInfo, WorkerLoad};
 
 /// Which namespaces a process serves (`--namespace`, `--namespace-prefix`).
 #[derive(Debug, Clone, Default)]
@@ -260,9 +260,9 @@ impl IndexSources {
 /// Attaches `index` to a new router core: an in-process index becomes the core's overlap
 /// source; a remote one is returned for the caller to query before each decision.
 pub fn attach_index(
-    core: crate::RouterCore,
+    core: kvmesh_routing::RouterCore,
     index: Option<ModelIndex>,
-) -> (crate::RouterCore, Option<IndexerClient>) {
+) -> (kvmesh_routing::RouterCore, Option<IndexerClient>) {
     match index {
         Some(ModelIndex::Local(state)) => (core.with_overlap_source(state), None),
         Some(ModelIndex::Remote(client)) => (core, Some(client)),
@@ -293,7 +293,7 @@ impl Drop for ModelRouter {
 /// What building a model's router needs besides the model itself.
 pub struct RouterSetup<'a> {
     /// Configuration of every model's router.
-    pub config: &'a crate::RouterConfig,
+    pub config: &'a kvmesh_routing::RouterConfig,
     /// `--kv-cache-block-size` override.
     pub block_size_override: Option<u32>,
     /// Worker load and replica sync.
@@ -319,17 +319,18 @@ impl ModelRouter {
             .block_size_override
             .unwrap_or(card.kv_cache_block_size)
             .max(1);
-        let core = match crate::RouterCore::new(config.clone(), name, block_size, seed_now()) {
-            Ok(core) => match setup.router_id {
-                Some(prefix) => core.with_router_id(format!("{prefix}-{name}")),
-                None => core,
-            },
-            Err(error) => {
-                tracing::error!(model = %name, %error, "cannot build the router");
-                return None;
-            }
-        };
-        let uses_index = config.mode == crate::RouterMode::Kv
+        let core =
+            match kvmesh_routing::RouterCore::new(config.clone(), name, block_size, seed_now()) {
+                Ok(core) => match setup.router_id {
+                    Some(prefix) => core.with_router_id(format!("{prefix}-{name}")),
+                    None => core,
+                },
+                Err(error) => {
+                    tracing::error!(model = %name, %error, "cannot build the router");
+                    return None;
+                }
+            };
+        let uses_index = config.mode == kvmesh_routing::RouterMode::Kv
             && config.kv.use_kv_events
             && config.kv.overlap_score_credit > 0.0;
         let index = if uses_index {
@@ -338,7 +339,7 @@ impl ModelRouter {
             None
         };
         let (core, indexer) = attach_index(core, index);
-        let router = SharedRouter::new(core, Arc::new(crate::MonotonicClock::new()));
+        let router = SharedRouter::new(core, Arc::new(kvmesh_routing::MonotonicClock::new()));
         let sync_stop = shutdown.child_token();
         if config.replica_sync
             && let Err(error) = crate::replica_sync::start(

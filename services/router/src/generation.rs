@@ -17,9 +17,10 @@ use kvmesh_runtime::worker_client::{ResponseStream, WorkerEndpoint};
 
 pub use self::stream::Generation;
 use crate::decider::{RouteDecider, RouteLease};
-use crate::error::RouteError;
 use crate::fleet::untried_workers;
-use crate::request::{RouteRequest, RoutingHints, TerminalPath};
+use kvmesh_routing::error::RouteError;
+use kvmesh_routing::request::{RouteRequest, RoutingHints, TerminalPath};
+use kvmesh_runtime::GrpcErrorCode as _;
 
 /// How many workers one request tries before giving up, when the earlier ones are unreachable.
 const MAX_START_ATTEMPTS: usize = 3;
@@ -198,7 +199,7 @@ impl ModelRouter {
                 break;
             };
             let route_request = RouteRequest {
-                request_id: crate::unique_route_id(&this_request.request_id),
+                request_id: kvmesh_routing::unique_route_id(&this_request.request_id),
                 token_ids: &this_request.token_ids,
                 lora_name: (!this_request.lora_name.is_empty())
                     .then_some(this_request.lora_name.as_str()),

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
 
-use crate::error::RouteError;
 use crate::service::RoutedTable;
+use kvmesh_routing::error::RouteError;
 
 /// The replica's metrics.
 #[derive(Clone)]

@@ -20,10 +20,12 @@ use kvmesh_runtime::{names, net};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::BusyThresholds;
-use crate::error::RouteError;
-use crate::request::{Decision, RouteRequest, TerminalPath};
 use crate::wire;
+use crate::wire::RouteErrorStatus as _;
+use kvmesh_routing::config::BusyThresholds;
+use kvmesh_routing::error::RouteError;
+use kvmesh_routing::request::{Decision, RouteRequest, TerminalPath};
+use kvmesh_runtime::GrpcErrorCode as _;
 
 /// Discovery component of router replicas.
 pub const ROUTER_COMPONENT: &str = "router";

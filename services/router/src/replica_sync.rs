@@ -13,8 +13,8 @@ use kvmesh_runtime::names;
 use prost::Message as _;
 use tokio_util::sync::CancellationToken;
 
-use crate::shared::SharedRouter;
 use crate::wire;
+use kvmesh_routing::shared::SharedRouter;
 
 /// Changes that may wait for the publisher before new ones are dropped.
 const SYNC_CHANNEL_CAPACITY: usize = 65_536;

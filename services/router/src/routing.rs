@@ -4,9 +4,9 @@
 
 use kvmesh_indexer::client::IndexerClient;
 
-use crate::error::RouteError;
-use crate::request::RouteRequest;
-use crate::shared::{RouteGuard, SharedRouter};
+use kvmesh_routing::error::RouteError;
+use kvmesh_routing::request::RouteRequest;
+use kvmesh_routing::shared::{RouteGuard, SharedRouter};
 
 /// Routes `request` with `router`, reading overlap from `indexer` (remote shards) when one is
 /// given and the decision needs it; otherwise the router's attached source, if any, is used.

@@ -21,11 +21,11 @@ use kvmesh_runtime::names;
 use kvmesh_runtime::worker_client::GrpcSettings;
 use tokio_util::sync::CancellationToken;
 
-use crate::args::RouterArgs;
 use crate::fleet::{IndexSettings, IndexSources, NamespaceFilter};
 use crate::metrics::RouterMetrics;
 use crate::remote::{ROUTER_COMPONENT, ROUTER_ENDPOINT};
 use crate::service::{FleetConfig, RoutedTable, RouterService, watch_models};
+use kvmesh_routing::args::RouterArgs;
 
 /// Options of `kvmesh-router`.
 #[derive(Debug, Clone, Parser)]
@@ -248,7 +248,7 @@ mod tests {
         ])
         .unwrap();
         let config = opts.router.to_config().unwrap();
-        assert_eq!(config.mode, crate::RouterMode::Kv);
+        assert_eq!(config.mode, kvmesh_routing::RouterMode::Kv);
         assert!(config.replica_sync);
     }
 }

@@ -18,20 +18,21 @@ use kvmesh_runtime::worker_client::{GrpcSettings, WorkerEndpoint, connect_worker
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
-use crate::config::RouterConfig;
 use crate::decider::LocalDecider;
-use crate::error::RouteError;
 use crate::fleet::{self, DiscoveredRecords, IndexSources, NamespaceFilter};
 use crate::generation::{
     FirstResponseWait, GenerateOptions, Generation, MigrationPolicy, ModelRouter, NoObserver,
     WorkerRef,
 };
 use crate::metrics::RouterMetrics;
-use crate::request::RouteRequest;
 use crate::routing::route_with_index;
-use crate::shared::SharedRouter;
-use crate::sync::{SyncEvent, SyncKind};
 use crate::wire;
+use crate::wire::RouteErrorStatus as _;
+use kvmesh_routing::config::RouterConfig;
+use kvmesh_routing::error::RouteError;
+use kvmesh_routing::request::RouteRequest;
+use kvmesh_routing::shared::SharedRouter;
+use kvmesh_routing::sync::{SyncEvent, SyncKind};
 
 /// One model as this replica routes it.
 pub struct RoutedModel {

@@ -6,9 +6,11 @@ use std::time::Duration;
 use kvmesh_kv::WorkerKey;
 use kvmesh_proto::v1 as pb;
 
-use crate::config::BusyThresholds;
-use crate::request::{Decision, RouterConfigOverride, RoutingHints, TerminalPath};
-use crate::sync::{SyncEvent, SyncKind};
+use kvmesh_routing::RouteError;
+use kvmesh_routing::config::BusyThresholds;
+use kvmesh_routing::request::{Decision, RouterConfigOverride, RoutingHints, TerminalPath};
+use kvmesh_routing::sync::{SyncEvent, SyncKind};
+use kvmesh_runtime::GrpcErrorCode as _;
 
 /// The protobuf form of a tracker change.
 pub fn sync_to_proto(event: &SyncEvent) -> pb::RouterSyncEvent {
@@ -244,6 +246,36 @@ pub fn failure_from_proto(failure: pb::RouteFailure) -> tonic::Status {
     tonic::Status::with_metadata(tonic::Code::from(failure.code), failure.message, metadata)
 }
 
+/// A [`RouteError`] as a gRPC status and back: the router's API code and message, with the
+/// error code and the routing reason in the metadata, so the receiver never reads the message.
+pub trait RouteErrorStatus: Sized {
+    /// The gRPC status the router service answers with.
+    fn to_status(&self) -> tonic::Status;
+
+    /// The routing failure a router replica's status stands for (the inverse of
+    /// [`Self::to_status`]); `None` when the replica itself failed (no routing reason: a
+    /// transport error, a replica stopping), so the caller should try another replica. `model`
+    /// is the model the call was about.
+    fn from_status(status: &tonic::Status, model: &str) -> Option<Self>;
+}
+
+impl RouteErrorStatus for RouteError {
+    fn to_status(&self) -> tonic::Status {
+        self.api_code()
+            .to_status_with_reason(self.api_message(), Some(self.reason()))
+    }
+
+    fn from_status(status: &tonic::Status, model: &str) -> Option<Self> {
+        let reason = kvmesh_runtime::error::status_reason(status)?;
+        RouteError::from_reason(
+            reason,
+            kvmesh_runtime::ErrorCode::of_status(status),
+            status.message(),
+            model,
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -342,5 +374,52 @@ mod tests {
         }
         assert_eq!(terminal_from_proto(0), None);
         assert_eq!(terminal_from_proto(99), None);
+    }
+
+    #[test]
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "statuses as other peers send them"
+    )]
+    fn route_errors_cross_grpc_whatever_their_message() {
+        use kvmesh_runtime::ErrorCode;
+        for error in [
+            RouteError::NoEndpoint,
+            RouteError::NotReady,
+            RouteError::Overloaded,
+            RouteError::BadRequest("bad".into()),
+            RouteError::Cancelled,
+            RouteError::UnknownModel("m".into()),
+            RouteError::Worker {
+                code: ErrorCode::InvalidArgument,
+                message: "prompt too long".into(),
+            },
+        ] {
+            let status = error.to_status();
+            assert_eq!(RouteError::from_status(&status, "m"), Some(error.clone()));
+            // The kind survives a message that says something else.
+            let reworded = tonic::Status::with_metadata(
+                status.code(),
+                match &error {
+                    RouteError::BadRequest(message) => message.clone(),
+                    RouteError::Worker { message, .. } => message.clone(),
+                    _ => "reworded by a newer replica".to_string(),
+                },
+                status.metadata().clone(),
+            );
+            assert_eq!(RouteError::from_status(&reworded, "m"), Some(error.clone()));
+            // And it survives the RouteStream's failure message.
+            let streamed = failure_from_proto(failure_to_proto(&reworded));
+            assert_eq!(RouteError::from_status(&streamed, "m"), Some(error));
+        }
+        // A replica's own failure carries no routing reason: try another replica.
+        assert_eq!(
+            RouteError::from_status(&tonic::Status::unavailable("connection refused"), "m"),
+            None
+        );
+        assert_eq!(
+            RouteError::from_status(&ErrorCode::Unavailable.to_status("stopping"), "m"),
+            None
+        );
     }
 }

@@ -10,7 +10,7 @@ use clap::Parser;
 use kvmesh_kv::{
     KvEvent, KvEventBatch, KvEventKind, KvStored, KvStoredBlock, OverlapScores, RadixIndex, Tier,
 };
-use kvmesh_router::{
+use kvmesh_routing::{
     Decision, OverlapSource, RouteError, RouteOutcome, RouteRequest, RouterArgs, RouterConfig,
     RouterCore, RuntimeConfig, WorkerInfo,
 };

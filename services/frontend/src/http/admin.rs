@@ -9,7 +9,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
-use kvmesh_router::BusyThresholds;
+use kvmesh_routing::BusyThresholds;
 use serde_json::{Map, Value, json};
 
 use super::{AppState, body_bytes, parse_json};

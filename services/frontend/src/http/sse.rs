@@ -277,7 +277,7 @@ impl RequestScope {
         );
         if matches!(
             error,
-            Some(FrontendError::Route(kvmesh_router::RouteError::Overloaded))
+            Some(FrontendError::Route(kvmesh_routing::RouteError::Overloaded))
         ) {
             self.state
                 .metrics

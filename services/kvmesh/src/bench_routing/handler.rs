@@ -15,7 +15,7 @@ use kvmesh_kv::{
 };
 use kvmesh_mocker::engine::sim::{SimEvent, SimHandler, SimView};
 use kvmesh_mocker::engine::{EngineRequest, FinishKind, KvCacheEvent, LoadSnapshot};
-use kvmesh_router::{
+use kvmesh_routing::{
     KvRouterConfig, RouteOutcome, RouteRequest, RouterConfig, RouterCore, RuntimeConfig,
     TerminalPath, WorkerInfo, WorkerLoad, build_event_index,
 };
@@ -99,7 +99,7 @@ impl BenchHandler {
         let (placer, index, track_output_blocks) = match policy {
             Policy::Router(config) => {
                 let needs_index = config.kv.use_kv_events
-                    && config.mode == kvmesh_router::RouterMode::Kv
+                    && config.mode == kvmesh_routing::RouterMode::Kv
                     && config.kv.overlap_score_credit > 0.0;
                 let index = needs_index.then(|| Arc::new(build_event_index(&config.kv)));
                 let track_output_blocks = config.kv.track_output_blocks;

@@ -13,7 +13,7 @@
 //! so the same seed gives the same workload on every machine.
 
 use clap::Args;
-use kvmesh_router::Rng;
+use kvmesh_routing::Rng;
 
 use super::workload::{Segment, WorkItem};
 

@@ -13,9 +13,9 @@ use super::{
     worker_outcome,
 };
 use crate::decider::RouteLease;
-use crate::error::RouteError;
 use crate::fleet::untried_workers;
-use crate::request::TerminalPath;
+use kvmesh_routing::error::RouteError;
+use kvmesh_routing::request::TerminalPath;
 
 /// A request's original form and what is left of its migration budget.
 pub(super) struct Resume {
