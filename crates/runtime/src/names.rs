@@ -152,6 +152,16 @@ pub struct InstanceKey {
 }
 
 impl InstanceKey {
+    /// The key `record` is stored under.
+    pub fn of(record: &kvmesh_proto::v1::InstanceRecord) -> Self {
+        Self {
+            namespace: record.namespace.clone(),
+            component: record.component.clone(),
+            endpoint: record.endpoint.clone(),
+            instance_id: record.instance_id,
+        }
+    }
+
     /// The full key these parts name.
     pub fn key(&self) -> String {
         instance_key(
@@ -175,6 +185,15 @@ pub struct ModelKey {
 }
 
 impl ModelKey {
+    /// The key `record` is stored under.
+    pub fn of(record: &kvmesh_proto::v1::ModelRecord) -> Self {
+        Self {
+            namespace: record.namespace.clone(),
+            model: record.model.clone(),
+            instance_id: record.instance_id,
+        }
+    }
+
     /// The full key these parts name.
     pub fn key(&self) -> String {
         model_key(&self.namespace, &self.model, self.instance_id)

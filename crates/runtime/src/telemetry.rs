@@ -56,3 +56,21 @@ pub fn encode_metrics(registry: &prometheus::Registry) -> String {
     }
     String::from_utf8(buffer).unwrap_or_default()
 }
+
+/// Serves Prometheus `GET /metrics` on `listener` until `shutdown`, answering with what `render`
+/// returns (it may refresh gauges first). The one metrics server of every kvmesh process that
+/// has no HTTP edge of its own (the frontend serves `/metrics` beside its API).
+pub async fn serve_metrics<F, Fut>(
+    listener: tokio::net::TcpListener,
+    render: F,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> std::io::Result<()>
+where
+    F: Fn() -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = String> + Send + 'static,
+{
+    let app = axum::Router::new().route("/metrics", axum::routing::get(render));
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+}

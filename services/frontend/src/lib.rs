@@ -17,13 +17,12 @@ pub mod pipeline;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::Context;
 use axum::serve::ListenerExt;
-use kvmesh_proto::v1::InstanceRecord;
 use kvmesh_runtime::connect::{self, Embedded};
-use kvmesh_runtime::names;
+use kvmesh_runtime::discovery::registry::{Registry, instance_record};
 use kvmesh_runtime::shutdown::Inflight;
 use kvmesh_runtime::worker_client::GrpcSettings;
 use tokio_util::sync::CancellationToken;
@@ -59,10 +58,10 @@ pub async fn run(
     let table = models::empty_table();
 
     let watcher = WatcherConfig {
-        namespaces: NamespaceFilter {
-            exact: args.namespace.clone(),
-            prefix: args.namespace_prefix.clone(),
-        },
+        namespaces: NamespaceFilter::from_flags(
+            args.namespace.as_deref(),
+            args.namespace_prefix.as_deref(),
+        ),
         model_path: args.model_path.clone(),
         model_name: args.model_name.clone(),
         kv_cache_block_size: args.kv_cache_block_size,
@@ -152,31 +151,13 @@ pub async fn run(
     });
     let app = http::app(state.clone());
 
-    let instance_id = discovery.instance_id();
     let namespace = args
         .namespace
         .clone()
         .unwrap_or_else(|| "dynamo".to_string());
-    let record = InstanceRecord {
-        namespace: namespace.clone(),
-        component: "frontend".into(),
-        endpoint: "http".into(),
-        instance_id,
-        address: local.to_string(),
-        transport: "http".into(),
-        device_type: "cpu".into(),
-        version: env!("CARGO_PKG_VERSION").into(),
-        started_at_ms: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0),
-        ..Default::default()
-    };
-    discovery
-        .put(
-            &names::instance_key(&namespace, "frontend", "http", instance_id),
-            serde_json::to_vec(&record)?.into(),
-        )
+    let record = instance_record(&namespace, "frontend", "http", &local.to_string(), "http");
+    Registry::new(discovery.clone())
+        .register_instance(&record)
         .await?;
     tracing::info!(address = %local, "frontend listening");
 

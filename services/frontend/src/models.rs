@@ -13,6 +13,7 @@ use kvmesh_router::fleet::{self, DiscoveredRecords, IndexSettings, IndexSources}
 use kvmesh_router::{LocalDecider, MigrationPolicy, ModelRouter, RemoteRouters, ReplicaDecider};
 use kvmesh_routing::{RouterConfig, SharedRouter};
 use kvmesh_runtime::discovery::Discovery;
+use kvmesh_runtime::discovery::registry::Registry;
 use kvmesh_runtime::event_plane::EventPlane;
 use kvmesh_runtime::worker_client::{GrpcSettings, connect_worker};
 use tokio_util::sync::CancellationToken;
@@ -182,8 +183,8 @@ pub async fn watch_models(
     config: WatcherConfig,
     shutdown: CancellationToken,
 ) -> Result<(), FrontendError> {
-    let mut stream = discovery
-        .watch("/kvmesh/")
+    let mut stream = Registry::new(discovery)
+        .watch_records(config.namespaces.clone())
         .await
         .map_err(|e| FrontendError::Internal(format!("discovery watch: {e}")))?;
     let mut known = DiscoveredRecords::default();
@@ -225,7 +226,7 @@ pub async fn watch_models(
                 let Some(event) = event else {
                     return Err(FrontendError::Internal("discovery watch ended".into()));
                 };
-                known.apply(event, &config.namespaces);
+                known.apply(event);
                 reconcile(&known, &mut models, &mut pipelines, &mut clients, &metrics, &config, &shutdown).await;
                 publish(&table, &models, &config);
             }

@@ -19,16 +19,17 @@ pub mod shard;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::Context;
 use arc_swap::ArcSwap;
 use clap::Parser;
 use futures::StreamExt;
 use kvmesh_proto::v1::indexer_server::IndexerServer;
-use kvmesh_proto::v1::{IndexerState, InstanceRecord, ModelRecord};
+use kvmesh_proto::v1::{IndexerState, ModelRecord};
 use kvmesh_runtime::config::RuntimeOpts;
 use kvmesh_runtime::connect::{self, Embedded};
+use kvmesh_runtime::discovery::registry::{Registry, instance_record};
 use kvmesh_runtime::discovery::{Discovery, WatchEvent};
 use kvmesh_runtime::event_plane::StreamConfig;
 use kvmesh_runtime::names;
@@ -273,7 +274,17 @@ pub async fn run(
     }
     // Routers in this process find the replica in the local table before they see its record.
     let _local = local::register(discovery.instance_id(), service.clone());
-    register(discovery.as_ref(), &opts, &layout, &address.to_string()).await?;
+    let mut record = instance_record(
+        &opts.namespace,
+        INDEXER_COMPONENT,
+        INDEXER_ENDPOINT,
+        &address.to_string(),
+        "grpc",
+    );
+    record.metadata = bootstrap::layout_metadata(&layout);
+    Registry::new(discovery.clone())
+        .register_instance(&record)
+        .await?;
     tracing::info!(%address, shard = layout.shard, partitions = ?layout.partitions, "indexer replica serving");
 
     let lease_lost = discovery.lease_lost();
@@ -304,43 +315,6 @@ fn task_failure(result: Result<anyhow::Result<()>, tokio::task::JoinError>) -> a
         Ok(Err(error)) => error,
         Err(error) => anyhow::anyhow!("an indexer task failed: {error}"),
     }
-}
-
-async fn register(
-    discovery: &dyn Discovery,
-    opts: &IndexerOpts,
-    layout: &ShardLayout,
-    address: &str,
-) -> anyhow::Result<()> {
-    let instance_id = discovery.instance_id();
-    let metadata = bootstrap::layout_metadata(layout);
-    let record = InstanceRecord {
-        namespace: opts.namespace.clone(),
-        component: INDEXER_COMPONENT.into(),
-        endpoint: INDEXER_ENDPOINT.into(),
-        instance_id,
-        address: address.to_string(),
-        transport: "grpc".into(),
-        device_type: "cpu".into(),
-        metadata,
-        version: env!("CARGO_PKG_VERSION").into(),
-        started_at_ms: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0),
-    };
-    discovery
-        .put(
-            &names::instance_key(
-                &opts.namespace,
-                INDEXER_COMPONENT,
-                INDEXER_ENDPOINT,
-                instance_id,
-            ),
-            serde_json::to_vec(&record)?.into(),
-        )
-        .await?;
-    Ok(())
 }
 
 /// Keeps the block size of every model of `namespace` from its model cards.
@@ -381,25 +355,19 @@ async fn serve_metrics(
     metrics: Arc<IndexerMetrics>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    use axum::routing::get;
-    let app = axum::Router::new().route(
-        "/metrics",
-        get(move || {
-            let service = service.clone();
-            let metrics = metrics.clone();
-            async move {
-                if let Err(status) = service.cut(false).await {
-                    tracing::debug!(%status, "metrics cut failed");
-                }
-                kvmesh_runtime::telemetry::encode_metrics(&metrics.registry)
-            }
-        }),
-    );
     let listener = tokio::net::TcpListener::bind(&address)
         .await
         .with_context(|| format!("bind metrics on {address}"))?;
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await?;
+    let render = move || {
+        let service = service.clone();
+        let metrics = metrics.clone();
+        async move {
+            if let Err(status) = service.cut(false).await {
+                tracing::debug!(%status, "metrics cut failed");
+            }
+            kvmesh_runtime::telemetry::encode_metrics(&metrics.registry)
+        }
+    };
+    kvmesh_runtime::telemetry::serve_metrics(listener, render, shutdown).await?;
     Ok(())
 }

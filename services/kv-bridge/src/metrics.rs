@@ -131,17 +131,12 @@ pub async fn serve(
         .with_context(|| format!("bind metrics server on {addr}"))?;
     let local = listener.local_addr()?;
     let registry = metrics.registry.clone();
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let registry = registry.clone();
-            async move { kvmesh_runtime::telemetry::encode_metrics(&registry) }
-        }),
-    );
+    let render = move || {
+        let text = kvmesh_runtime::telemetry::encode_metrics(&registry);
+        async move { text }
+    };
     tokio::spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown.cancelled_owned())
-            .await;
+        let served = kvmesh_runtime::telemetry::serve_metrics(listener, render, shutdown).await;
         if let Err(error) = served {
             tracing::warn!(%error, "metrics server stopped");
         }

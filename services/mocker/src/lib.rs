@@ -13,14 +13,14 @@ pub mod worker;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::Context;
 use kvmesh_proto::v1::worker_server::WorkerServer;
-use kvmesh_proto::v1::{InstanceRecord, ModelCard, ModelRecord, ModelRuntimeConfig};
+use kvmesh_proto::v1::{ModelCard, ModelRecord, ModelRuntimeConfig};
 use kvmesh_runtime::connect::{self, Embedded};
 use kvmesh_runtime::discovery::Discovery;
-use kvmesh_runtime::discovery::registry::card_checksum;
+use kvmesh_runtime::discovery::registry::{Registry, instance_record};
 use kvmesh_runtime::event_plane::StreamConfig;
 use kvmesh_runtime::names;
 use kvmesh_runtime::worker_client::{INPROC_TRANSPORT, register_inproc, unregister_inproc};
@@ -175,16 +175,7 @@ pub async fn run(
             (local.to_string(), "grpc")
         };
 
-        register(
-            discovery.as_ref(),
-            &opts,
-            &model_name,
-            &card,
-            worker_id,
-            &address,
-            transport,
-        )
-        .await?;
+        register(&discovery, &opts, &model_name, &card, &address, transport).await?;
         tracing::info!(worker_id = %format!("{worker_id:x}"), %address, model = %model_name, "mock worker registered");
         registrations.push((discovery, address));
     }
@@ -246,52 +237,32 @@ pub async fn run(
 }
 
 async fn register(
-    discovery: &dyn Discovery,
+    discovery: &Arc<dyn Discovery>,
     opts: &MockerOpts,
     model_name: &str,
     card: &ModelCard,
-    worker_id: u64,
     address: &str,
     transport: &str,
 ) -> anyhow::Result<()> {
     let endpoint = &opts.endpoint;
-    let instance = InstanceRecord {
-        namespace: endpoint.namespace.clone(),
-        component: endpoint.component.clone(),
-        endpoint: endpoint.endpoint.clone(),
-        instance_id: worker_id,
-        address: address.to_string(),
-        transport: transport.to_string(),
-        device_type: "cpu".into(),
-        metadata: Default::default(),
-        version: env!("CARGO_PKG_VERSION").into(),
-        started_at_ms: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0),
-    };
+    let registry = Registry::new(discovery.clone());
     let record = ModelRecord {
         namespace: endpoint.namespace.clone(),
         model: model_name.to_string(),
-        instance_id: worker_id,
         component: endpoint.component.clone(),
         endpoint: endpoint.endpoint.clone(),
         card: Some(card.clone()),
-        card_checksum: card_checksum(card),
+        ..Default::default()
     };
-    let instance_key = names::instance_key(
+    registry.register_model(&record).await?;
+    let instance = instance_record(
         &endpoint.namespace,
         &endpoint.component,
         &endpoint.endpoint,
-        worker_id,
+        address,
+        transport,
     );
-    let model_key = names::model_key(&endpoint.namespace, model_name, worker_id);
-    discovery
-        .put(&model_key, serde_json::to_vec(&record)?.into())
-        .await?;
-    discovery
-        .put(&instance_key, serde_json::to_vec(&instance)?.into())
-        .await?;
+    registry.register_instance(&instance).await?;
     Ok(())
 }
 

@@ -11,69 +11,46 @@ use futures::StreamExt;
 use kvmesh_indexer::client::IndexerClient;
 use kvmesh_indexer::shard::ShardState;
 use kvmesh_proto::v1::{InstanceRecord, ModelCard, ModelRecord};
-use kvmesh_runtime::discovery::{Discovery, WatchEvent};
+use kvmesh_runtime::discovery::Discovery;
+use kvmesh_runtime::discovery::registry::{RecordChange, RecordEvent};
 use kvmesh_runtime::event_plane::EventPlane;
 use kvmesh_runtime::names;
+use kvmesh_runtime::names::{InstanceKey, ModelKey};
 use prost::Message as _;
 use tokio_util::sync::CancellationToken;
 
 use kvmesh_routing::shared::SharedRouter;
 use kvmesh_routing::worker::{MAX_DATA_PARALLEL_RANKS, RuntimeConfig, WorkerInfo, WorkerLoad};
 
-/// Which namespaces a process serves (`--namespace`, `--namespace-prefix`).
-#[derive(Debug, Clone, Default)]
-pub struct NamespaceFilter {
-    /// Exact namespace.
-    pub exact: Option<String>,
-    /// Namespace prefix; wins over `exact`.
-    pub prefix: Option<String>,
-}
-
-impl NamespaceFilter {
-    /// Whether records of `namespace` are served.
-    pub fn accepts(&self, namespace: &str) -> bool {
-        match (&self.prefix, &self.exact) {
-            (Some(prefix), _) => namespace.starts_with(prefix.as_str()),
-            (None, Some(exact)) => namespace == exact,
-            (None, None) => true,
-        }
-    }
-}
+pub use kvmesh_runtime::discovery::registry::NamespaceFilter;
 
 /// The instance and model records seen in discovery, as a watch delivers them.
 #[derive(Debug, Default)]
 pub struct DiscoveredRecords {
-    instances: HashMap<String, InstanceRecord>,
-    models: HashMap<String, ModelRecord>,
+    instances: HashMap<InstanceKey, InstanceRecord>,
+    models: HashMap<ModelKey, ModelRecord>,
 }
 
 impl DiscoveredRecords {
-    /// Applies one watch event; records of namespaces `filter` rejects are ignored.
-    pub fn apply(&mut self, event: WatchEvent, filter: &NamespaceFilter) {
-        match event {
-            WatchEvent::Put { key, value } => {
-                if key.contains("/instances/") {
-                    match serde_json::from_slice::<InstanceRecord>(&value) {
-                        Ok(record) if filter.accepts(&record.namespace) => {
-                            self.instances.insert(key, record);
-                        }
-                        Ok(_) => {}
-                        Err(error) => tracing::warn!(%key, %error, "undecodable instance record"),
-                    }
-                } else if key.contains("/models/") {
-                    match serde_json::from_slice::<ModelRecord>(&value) {
-                        Ok(record) if filter.accepts(&record.namespace) => {
-                            self.models.insert(key, record);
-                        }
-                        Ok(_) => {}
-                        Err(error) => tracing::warn!(%key, %error, "undecodable model record"),
-                    }
+    /// Applies one change from [`kvmesh_runtime::discovery::registry::Registry::watch_records`].
+    pub fn apply(&mut self, change: RecordChange) {
+        match change {
+            RecordChange::Instance(event) => match *event {
+                RecordEvent::Added(record) => {
+                    self.instances.insert(InstanceKey::of(&record), record);
                 }
-            }
-            WatchEvent::Delete { key } => {
-                self.instances.remove(&key);
-                self.models.remove(&key);
-            }
+                RecordEvent::Removed(key) => {
+                    self.instances.remove(&key);
+                }
+            },
+            RecordChange::Model(event) => match *event {
+                RecordEvent::Added(record) => {
+                    self.models.insert(ModelKey::of(&record), record);
+                }
+                RecordEvent::Removed(key) => {
+                    self.models.remove(&key);
+                }
+            },
         }
     }
 
@@ -414,6 +391,8 @@ pub fn seed_now() -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use kvmesh_runtime::discovery::WatchEvent;
+
     use super::*;
 
     fn put(key: &str, value: &impl serde::Serialize) -> WatchEvent {
@@ -423,12 +402,21 @@ mod tests {
         }
     }
 
+    /// Feeds one raw watch event through the registry's decoding, as a watch delivers it.
+    fn feed(records: &mut DiscoveredRecords, event: WatchEvent, filter: &NamespaceFilter) {
+        if let Some(change) = RecordChange::from_watch(event, filter) {
+            records.apply(change);
+        }
+    }
+
     #[test]
     fn a_worker_serves_once_both_records_exist() {
         let filter = NamespaceFilter::default();
         let mut records = DiscoveredRecords::default();
         let instance = InstanceRecord {
             namespace: "ns".into(),
+            component: "backend".into(),
+            endpoint: "generate".into(),
             instance_id: 7,
             ..Default::default()
         };
@@ -438,14 +426,16 @@ mod tests {
             instance_id: 7,
             ..Default::default()
         };
-        records.apply(put("/kvmesh/ns/models/m/7", &model), &filter);
+        feed(&mut records, put("/kvmesh/ns/models/m/7", &model), &filter);
         assert!(records.serving().is_empty());
-        records.apply(
+        feed(
+            &mut records,
             put("/kvmesh/ns/instances/backend/generate/7", &instance),
             &filter,
         );
         assert_eq!(records.serving().get("m").map(Vec::len), Some(1));
-        records.apply(
+        feed(
+            &mut records,
             WatchEvent::Delete {
                 key: "/kvmesh/ns/instances/backend/generate/7".into(),
             },
@@ -456,14 +446,13 @@ mod tests {
 
     #[test]
     fn other_namespaces_are_ignored() {
-        let filter = NamespaceFilter {
-            exact: Some("mine".into()),
-            prefix: None,
-        };
+        let filter = NamespaceFilter::Exact("mine".into());
         let mut records = DiscoveredRecords::default();
         for ns in ["mine", "other"] {
             let instance = InstanceRecord {
                 namespace: ns.into(),
+                component: "b".into(),
+                endpoint: "g".into(),
                 instance_id: 1,
                 ..Default::default()
             };
@@ -473,11 +462,16 @@ mod tests {
                 instance_id: 1,
                 ..Default::default()
             };
-            records.apply(
+            feed(
+                &mut records,
                 put(&format!("/kvmesh/{ns}/instances/b/g/1"), &instance),
                 &filter,
             );
-            records.apply(put(&format!("/kvmesh/{ns}/models/m/1"), &model), &filter);
+            feed(
+                &mut records,
+                put(&format!("/kvmesh/{ns}/models/m-{ns}/1"), &model),
+                &filter,
+            );
         }
         let serving = records.serving();
         assert!(serving.contains_key("m-mine"));

@@ -7,17 +7,15 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::Context;
 use arc_swap::ArcSwap;
 use clap::Parser;
-use kvmesh_proto::v1::InstanceRecord;
 use kvmesh_proto::v1::router_server::RouterServer;
 use kvmesh_runtime::config::RuntimeOpts;
 use kvmesh_runtime::connect::{self, Embedded};
-use kvmesh_runtime::discovery::Discovery;
-use kvmesh_runtime::names;
+use kvmesh_runtime::discovery::registry::{Registry, instance_record};
 use kvmesh_runtime::worker_client::GrpcSettings;
 use tokio_util::sync::CancellationToken;
 
@@ -73,10 +71,7 @@ pub async fn run(
     let tasks_shutdown = shutdown.child_token();
     let mut tasks = tokio::task::JoinSet::new();
     let fleet = FleetConfig {
-        namespaces: NamespaceFilter {
-            exact: Some(opts.namespace.clone()),
-            prefix: None,
-        },
+        namespaces: NamespaceFilter::Exact(opts.namespace.clone()),
         router: router_config.clone(),
         kv_cache_block_size: opts.kv_cache_block_size,
         events: events.clone(),
@@ -147,7 +142,16 @@ pub async fn run(
                 .map_err(anyhow::Error::from)
         });
     }
-    register(discovery.as_ref(), &opts.namespace, &address.to_string()).await?;
+    let record = instance_record(
+        &opts.namespace,
+        ROUTER_COMPONENT,
+        ROUTER_ENDPOINT,
+        &address.to_string(),
+        "grpc",
+    );
+    Registry::new(discovery.clone())
+        .register_instance(&record)
+        .await?;
     tracing::info!(%address, namespace = %opts.namespace, "router replica serving");
 
     let lease_lost = discovery.lease_lost();
@@ -184,44 +188,15 @@ async fn serve_metrics(
     metrics: RouterMetrics,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            metrics.refresh(&table);
-            let text = kvmesh_runtime::telemetry::encode_metrics(&metrics.registry);
-            async move { text }
-        }),
-    );
     let listener = tokio::net::TcpListener::bind(&address)
         .await
         .with_context(|| format!("bind metrics on {address}"))?;
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await?;
-    Ok(())
-}
-
-async fn register(discovery: &dyn Discovery, namespace: &str, address: &str) -> anyhow::Result<()> {
-    let instance_id = discovery.instance_id();
-    let record = InstanceRecord {
-        namespace: namespace.to_string(),
-        component: ROUTER_COMPONENT.to_string(),
-        endpoint: ROUTER_ENDPOINT.to_string(),
-        instance_id,
-        address: address.to_string(),
-        transport: "grpc".to_string(),
-        device_type: "cpu".to_string(),
-        version: env!("CARGO_PKG_VERSION").to_string(),
-        started_at_ms: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0),
-        ..Default::default()
+    let render = move || {
+        metrics.refresh(&table);
+        let text = kvmesh_runtime::telemetry::encode_metrics(&metrics.registry);
+        async move { text }
     };
-    let key = names::instance_key(namespace, ROUTER_COMPONENT, ROUTER_ENDPOINT, instance_id);
-    discovery
-        .put(&key, serde_json::to_vec(&record)?.into())
-        .await?;
+    kvmesh_runtime::telemetry::serve_metrics(listener, render, shutdown).await?;
     Ok(())
 }
 

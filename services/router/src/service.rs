@@ -13,6 +13,7 @@ use kvmesh_indexer::client::IndexerClient;
 use kvmesh_proto::v1 as pb;
 use kvmesh_proto::v1::router_server::Router;
 use kvmesh_runtime::discovery::Discovery;
+use kvmesh_runtime::discovery::registry::Registry;
 use kvmesh_runtime::event_plane::EventPlane;
 use kvmesh_runtime::worker_client::{GrpcSettings, WorkerEndpoint, connect_worker};
 use tokio_util::sync::CancellationToken;
@@ -114,7 +115,9 @@ pub async fn watch_models(
     mut config: FleetConfig,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let mut stream = config.discovery.watch("/kvmesh/").await?;
+    let mut stream = Registry::new(config.discovery.clone())
+        .watch_records(config.namespaces.clone())
+        .await?;
     let mut records = DiscoveredRecords::default();
     let mut models: HashMap<String, ModelState> = HashMap::new();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -130,7 +133,7 @@ pub async fn watch_models(
                 let Some(event) = event else {
                     anyhow::bail!("discovery watch ended");
                 };
-                records.apply(event, &config.namespaces);
+                records.apply(event);
                 reconcile(&records, &mut models, &mut config, &shutdown).await;
                 publish(&table, &models);
             }

@@ -48,6 +48,15 @@ impl NamespaceFilter {
         }
     }
 
+    /// The narrowest key prefix covering every record kind of the filter's namespaces.
+    fn root_prefix(&self) -> String {
+        match self {
+            Self::All => names::KEY_ROOT.to_owned(),
+            Self::Exact(namespace) => names::namespace_prefix(namespace),
+            Self::Prefix(prefix) => format!("{}{prefix}", names::KEY_ROOT),
+        }
+    }
+
     /// The narrowest key prefix covering the filter; `kind` is `instances` or `models`.
     fn key_prefix(&self, kind: &str) -> String {
         match self {
@@ -73,6 +82,44 @@ pub type InstanceEvent = RecordEvent<InstanceRecord, InstanceKey>;
 
 /// Model record changes.
 pub type ModelEvent = RecordEvent<ModelRecord, ModelKey>;
+
+/// A change to an instance or a model record, as one watch of both delivers them in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RecordChange {
+    /// An instance record changed.
+    Instance(Box<InstanceEvent>),
+    /// A model record changed.
+    Model(Box<ModelEvent>),
+}
+
+impl RecordChange {
+    /// The typed form of a raw watch event on the key root: `None` for keys that are neither
+    /// kind, records of namespaces `filter` rejects, and values that do not decode (logged).
+    pub fn from_watch(event: WatchEvent, filter: &NamespaceFilter) -> Option<Self> {
+        if names::parse_instance_key(event.key()).is_some() {
+            typed_event(
+                event,
+                filter,
+                names::parse_instance_key,
+                |k| &k.namespace,
+                decode_instance,
+            )
+            .map(|event| Self::Instance(Box::new(event)))
+        } else {
+            typed_event(
+                event,
+                filter,
+                names::parse_model_key,
+                |k| &k.namespace,
+                decode_model,
+            )
+            .map(|event| Self::Model(Box::new(event)))
+        }
+    }
+}
+
+/// Stream of instance and model record changes: existing records first, then changes in order.
+pub type RecordWatch = Pin<Box<dyn Stream<Item = RecordChange> + Send>>;
 
 /// Stream of instance record changes: existing records first, then changes in order.
 pub type InstanceWatch = Pin<Box<dyn Stream<Item = InstanceEvent> + Send>>;
@@ -178,6 +225,33 @@ fn typed_event<R, K>(
                 None
             }
         },
+    }
+}
+
+/// The instance record of one endpoint of this process, as every kvmesh service registers it:
+/// its address and transport, CPU as the device, this build's version and the start time. The
+/// instance id is left 0 for [`Registry::register_instance`] to fill in; callers add metadata.
+pub fn instance_record(
+    namespace: &str,
+    component: &str,
+    endpoint: &str,
+    address: &str,
+    transport: &str,
+) -> InstanceRecord {
+    InstanceRecord {
+        namespace: namespace.to_string(),
+        component: component.to_string(),
+        endpoint: endpoint.to_string(),
+        instance_id: 0,
+        address: address.to_string(),
+        transport: transport.to_string(),
+        device_type: "cpu".to_string(),
+        metadata: Default::default(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        started_at_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
     }
 }
 
@@ -339,6 +413,15 @@ impl Registry {
                 |k| &k.namespace,
                 decode_instance,
             ))
+        })))
+    }
+
+    /// Watches instance and model records passing `filter` in one stream, so a watcher that
+    /// joins them (a worker serves a model once both exist) sees their changes in order.
+    pub async fn watch_records(&self, filter: NamespaceFilter) -> Result<RecordWatch> {
+        let raw = self.discovery.watch(&filter.root_prefix()).await?;
+        Ok(Box::pin(raw.filter_map(move |event| {
+            futures::future::ready(RecordChange::from_watch(event, &filter))
         })))
     }
 
