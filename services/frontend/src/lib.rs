@@ -23,6 +23,7 @@ use anyhow::Context;
 use axum::serve::ListenerExt;
 use kvmesh_runtime::connect::{self, Embedded};
 use kvmesh_runtime::discovery::registry::{Registry, instance_record};
+use kvmesh_runtime::lifecycle::{Drain, ServiceLifecycle};
 use kvmesh_runtime::shutdown::Inflight;
 use kvmesh_runtime::worker_client::GrpcSettings;
 use tokio_util::sync::CancellationToken;
@@ -83,8 +84,8 @@ pub async fn run(
         migration_limit: args.migration_limit,
         migration_max_seq_len: args.migration_max_seq_len,
     };
-    let indexer_shutdown = shutdown.child_token();
-    let indexer_task = router_config.kv.serve_indexer.then(|| {
+    let mut lifecycle = ServiceLifecycle::new("frontend");
+    if router_config.kv.serve_indexer {
         let namespace = args
             .namespace
             .clone()
@@ -94,19 +95,18 @@ pub async fn run(
             &namespace,
             router_config.kv.event_threads as u64,
         );
-        tokio::spawn(kvmesh_indexer::run(
+        lifecycle.spawn(kvmesh_indexer::run(
             indexer,
             embedded.clone(),
-            indexer_shutdown.clone(),
-        ))
-    });
-    let watch_shutdown = shutdown.child_token();
-    let mut watch_task = tokio::spawn(models::watch_models(
+            lifecycle.stop_token(),
+        ));
+    }
+    lifecycle.spawn(models::watch_models(
         discovery.clone(),
         table.clone(),
         metrics.clone(),
         watcher,
-        watch_shutdown.clone(),
+        lifecycle.stop_token(),
     ));
 
     let http = &args.http;
@@ -159,63 +159,24 @@ pub async fn run(
     Registry::new(discovery.clone())
         .register_instance(&record)
         .await?;
+    lifecycle.registered(discovery);
     tracing::info!(address = %local, "frontend listening");
-
-    let stop_serving = CancellationToken::new();
-    let server = {
-        let stop = stop_serving.clone();
-        tokio::spawn(async move {
+    {
+        let stop = lifecycle.stop_token();
+        lifecycle.spawn(async move {
             axum::serve(listener, app)
                 .with_graceful_shutdown(stop.cancelled_owned())
                 .await
-        })
+        });
+    }
+    let drain = Drain {
+        limit: Duration::from_secs(http.http_graceful_shutdown_timeout_secs),
+        inflight: std::slice::from_ref(&state.inflight),
     };
-
-    let lease_lost = discovery.lease_lost();
-    let mut failure = None;
-    tokio::select! {
-        biased;
-        _ = shutdown.cancelled() => {}
-        _ = lease_lost.cancelled() => failure = Some("discovery lease lost".to_string()),
-        // The watcher also stops on shutdown (its token is a child of ours): only an end before
-        // shutdown is a failure.
-        result = &mut watch_task, if !shutdown.is_cancelled() => {
-            let reason = match result {
-                Ok(Ok(())) => "stopped".to_string(),
-                Ok(Err(error)) => error.to_string(),
-                Err(error) => error.to_string(),
-            };
-            failure = Some(format!("model watcher failed: {reason}"));
-        }
-    }
-    if let Err(error) = discovery.revoke().await {
-        tracing::warn!(%error, "unregister failed");
-    }
-    state.draining.store(true, Ordering::Release);
-    let limit = Duration::from_secs(http.http_graceful_shutdown_timeout_secs);
-    if !state.inflight.drain(limit).await {
-        tracing::warn!(remaining = state.inflight.count(), "drain limit reached");
-    }
-    stop_serving.cancel();
-    watch_shutdown.cancel();
-    match tokio::time::timeout(Duration::from_secs(2), server).await {
-        Ok(Ok(Err(error))) => failure = failure.or(Some(format!("http server: {error}"))),
-        Ok(Err(error)) => failure = failure.or(Some(format!("http server task: {error}"))),
-        _ => {}
-    }
-    if !watch_task.is_finished()
-        && let Ok(Ok(Err(error))) = tokio::time::timeout(Duration::from_secs(1), watch_task).await
-    {
-        tracing::warn!(%error, "model watcher stopped with an error");
-    }
-    indexer_shutdown.cancel();
-    if let Some(task) = indexer_task
-        && let Ok(Ok(Err(error))) = tokio::time::timeout(Duration::from_secs(3), task).await
-    {
-        tracing::warn!(%error, "served indexer stopped with an error");
-    }
-    match failure {
-        Some(message) => anyhow::bail!(message),
-        None => Ok(()),
-    }
+    let stopped = lifecycle
+        .run(&shutdown, drain, || {
+            state.draining.store(true, Ordering::Release)
+        })
+        .await;
+    Ok(stopped?)
 }

@@ -32,6 +32,7 @@ use kvmesh_runtime::connect::{self, Embedded};
 use kvmesh_runtime::discovery::registry::{Registry, instance_record};
 use kvmesh_runtime::discovery::{Discovery, WatchEvent};
 use kvmesh_runtime::event_plane::StreamConfig;
+use kvmesh_runtime::lifecycle::{Drain, ServiceLifecycle};
 use kvmesh_runtime::names;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -175,8 +176,7 @@ pub async fn run(
         }
     };
 
-    let tasks_shutdown = shutdown.child_token();
-    let mut tasks = tokio::task::JoinSet::new();
+    let mut lifecycle = ServiceLifecycle::new("indexer");
     let (control_tx, control_rx) = mpsc::channel(16);
     let consumer = consumer::consume_forever(
         state.clone(),
@@ -192,23 +192,23 @@ pub async fn run(
         start_seq,
         control_rx,
         metrics.clone(),
-        tasks_shutdown.clone(),
+        lifecycle.stop_token(),
     );
-    tasks.spawn(consumer);
+    lifecycle.spawn(consumer);
     let block_sizes = Arc::new(ArcSwap::from_pointee(HashMap::new()));
-    tasks.spawn(watch_block_sizes(
+    lifecycle.spawn(watch_block_sizes(
         discovery.clone(),
         namespace.clone(),
         block_sizes.clone(),
-        tasks_shutdown.clone(),
+        lifecycle.stop_token(),
     ));
-    tasks.spawn(markers::run_markers(
+    lifecycle.spawn(markers::run_markers(
         state.clone(),
         discovery.clone(),
         events.clone(),
         namespace.clone(),
         Duration::from_secs(opts.sweep_secs),
-        tasks_shutdown.clone(),
+        lifecycle.stop_token(),
     ));
 
     let service = IndexerService::new(
@@ -229,48 +229,27 @@ pub async fn run(
         .await
         .with_context(|| format!("bind indexer gRPC on {bind}"))?;
     let address = listener.local_addr()?;
-    {
-        let service = service.clone();
-        let stop = tasks_shutdown.clone();
-        tasks.spawn(async move {
-            tonic::transport::Server::builder()
-                .tcp_nodelay(true)
-                .add_service(
-                    IndexerServer::new(service).max_encoding_message_size(64 * 1024 * 1024),
-                )
-                .serve_with_incoming_shutdown(
-                    kvmesh_runtime::net::nodelay_incoming(listener),
-                    stop.cancelled_owned(),
-                )
-                .await
-                .map_err(anyhow::Error::from)
-        });
-    }
+    lifecycle.serve_grpc(
+        listener,
+        tonic::service::Routes::new(
+            IndexerServer::new(service.clone()).max_encoding_message_size(64 * 1024 * 1024),
+        ),
+    );
     if let Some(port) = opts.metrics_port {
-        tasks.spawn(serve_metrics(
+        lifecycle.spawn(serve_metrics(
             format!("{}:{port}", opts.runtime.tcp_rpc_host),
             service.clone(),
             metrics.clone(),
-            tasks_shutdown.clone(),
+            lifecycle.stop_token(),
         ));
     }
 
     // Register only once caught up, so routers only ever see serving replicas.
-    loop {
-        if state.state() == IndexerState::Serving {
-            break;
-        }
-        tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => return Ok(()),
-            Some(result) = tasks.join_next() => {
-                if shutdown.is_cancelled() {
-                    return Ok(());
-                }
-                return Err(task_failure(result));
-            }
-            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
-        }
+    if !lifecycle
+        .wait_ready(&shutdown, || state.state() == IndexerState::Serving)
+        .await?
+    {
+        return Ok(());
     }
     // Routers in this process find the replica in the local table before they see its record.
     let _local = local::register(discovery.instance_id(), service.clone());
@@ -285,36 +264,13 @@ pub async fn run(
     Registry::new(discovery.clone())
         .register_instance(&record)
         .await?;
+    lifecycle.registered(discovery);
     tracing::info!(%address, shard = layout.shard, partitions = ?layout.partitions, "indexer replica serving");
-
-    let lease_lost = discovery.lease_lost();
-    let result = tokio::select! {
-        biased;
-        _ = shutdown.cancelled() => Ok(()),
-        _ = lease_lost.cancelled() => Err(anyhow::anyhow!("discovery lease lost")),
-        Some(result) = tasks.join_next() => {
-            // Tasks end on their own when shutdown cancels them; only an early end is a failure.
-            if shutdown.is_cancelled() { Ok(()) } else { Err(task_failure(result)) }
-        }
-    };
-    state.set_state(IndexerState::Draining);
-    if let Err(error) = discovery.revoke().await {
-        tracing::warn!(%error, "unregister failed");
-    }
-    tasks_shutdown.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(3), async {
-        while tasks.join_next().await.is_some() {}
-    })
-    .await;
-    result
-}
-
-fn task_failure(result: Result<anyhow::Result<()>, tokio::task::JoinError>) -> anyhow::Error {
-    match result {
-        Ok(Ok(())) => anyhow::anyhow!("an indexer task stopped"),
-        Ok(Err(error)) => error,
-        Err(error) => anyhow::anyhow!("an indexer task failed: {error}"),
-    }
+    Ok(lifecycle
+        .run(&shutdown, Drain::NONE, || {
+            state.set_state(IndexerState::Draining)
+        })
+        .await?)
 }
 
 /// Keeps the block size of every model of `namespace` from its model cards.

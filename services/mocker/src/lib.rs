@@ -22,6 +22,7 @@ use kvmesh_runtime::connect::{self, Embedded};
 use kvmesh_runtime::discovery::Discovery;
 use kvmesh_runtime::discovery::registry::{Registry, instance_record};
 use kvmesh_runtime::event_plane::StreamConfig;
+use kvmesh_runtime::lifecycle::{Drain, ServiceLifecycle};
 use kvmesh_runtime::names;
 use kvmesh_runtime::worker_client::{INPROC_TRANSPORT, register_inproc, unregister_inproc};
 use tokio::sync::mpsc;
@@ -84,11 +85,11 @@ pub async fn run(
         })
         .await?;
 
-    let mut tasks = tokio::task::JoinSet::new();
-    let mut registrations = Vec::new();
-    let mut services = Vec::new();
+    let mut lifecycle = ServiceLifecycle::new("mocker");
+    let mut addresses = Vec::new();
+    let mut inflight = Vec::new();
     // Worker tasks outlive the shutdown signal: they stop only after in-flight work drained.
-    let workers_shutdown = CancellationToken::new();
+    let workers_shutdown = lifecycle.stop_token();
     let stagger = opts.engine.stagger();
     for index in 0..opts.engine.num_workers {
         if index > 0 && !stagger.is_zero() {
@@ -105,7 +106,7 @@ pub async fn run(
         for dp_rank in 0..opts.engine.data_parallel_size {
             let (tx, rx) = mpsc::unbounded_channel();
             ranks.push(tx);
-            tasks.spawn(driver::run_rank(
+            lifecycle.spawn(ends_well(driver::run_rank(
                 worker_id,
                 dp_rank,
                 config.clone(),
@@ -116,7 +117,7 @@ pub async fn run(
                 rx,
                 output_tx.clone(),
                 workers_shutdown.clone(),
-            ));
+            )));
         }
         drop(output_tx);
         let target = PublishTarget {
@@ -130,15 +131,15 @@ pub async fn run(
             worker_id,
             publish_kv_events: config.enable_prefix_caching,
         };
-        tasks.spawn(worker::run_publisher(
+        lifecycle.spawn(ends_well(worker::run_publisher(
             target,
             opts.engine.data_parallel_size as usize,
             output_rx,
             workers_shutdown.clone(),
-        ));
+        )));
 
         let service = MockWorker::new(ranks);
-        services.push(service.clone());
+        inflight.push(service.inflight().clone());
         let (address, transport) = if embedded.is_some() {
             let address =
                 register_inproc(&format!("mocker-{worker_id:x}"), Arc::new(service.clone()));
@@ -156,83 +157,42 @@ pub async fn run(
                 .await
                 .with_context(|| format!("bind worker gRPC server on {bind}"))?;
             let local = listener.local_addr()?;
-            let incoming = kvmesh_runtime::net::nodelay_incoming(listener);
-            let server_shutdown = workers_shutdown.clone();
-            tasks.spawn(async move {
-                let result = tonic::transport::Server::builder()
-                    .tcp_nodelay(true)
-                    .add_service(WorkerServer::new(service))
-                    .serve_with_incoming_shutdown(
-                        incoming,
-                        server_shutdown.clone().cancelled_owned(),
-                    )
-                    .await;
-                if let Err(error) = result {
-                    tracing::error!(%error, "worker gRPC server failed");
-                    server_shutdown.cancel();
-                }
-            });
+            lifecycle.serve_grpc(
+                listener,
+                tonic::service::Routes::new(WorkerServer::new(service)),
+            );
             (local.to_string(), "grpc")
         };
 
         register(&discovery, &opts, &model_name, &card, &address, transport).await?;
         tracing::info!(worker_id = %format!("{worker_id:x}"), %address, model = %model_name, "mock worker registered");
-        registrations.push((discovery, address));
+        lifecycle.registered(discovery);
+        addresses.push(address);
     }
 
-    let lease_lost: Vec<CancellationToken> =
-        registrations.iter().map(|(d, _)| d.lease_lost()).collect();
-    // Any one worker's lease is enough: a worker left unregistered must not keep serving.
-    let lost = async {
-        if lease_lost.is_empty() {
-            return std::future::pending().await;
-        }
-        futures::future::select_all(lease_lost.iter().map(|token| Box::pin(token.cancelled())))
-            .await;
-    };
-    let mut lease_failed = false;
-    tokio::select! {
-        _ = shutdown.cancelled() => {}
-        _ = lost, if !lease_lost.is_empty() => {
-            tracing::error!("discovery lease lost, stopping");
-            lease_failed = true;
-        }
-        Some(result) = tasks.join_next() => {
-            if let Err(error) = result {
-                tracing::error!(%error, "worker task failed");
-            }
-        }
-    }
-    for (discovery, _) in &registrations {
-        if let Err(error) = discovery.revoke().await {
-            tracing::warn!(%error, "unregister failed");
-        }
-    }
     let limit = Duration::from_secs(
         kvmesh_runtime::config::env_number::<u64>("DYN_HTTP_GRACEFUL_SHUTDOWN_TIMEOUT_SECS")
             .ok()
             .flatten()
             .unwrap_or(5),
     );
-    for service in &services {
-        if !lease_failed && !service.inflight().drain(limit).await {
-            tracing::warn!(
-                remaining = service.inflight().count(),
-                "drain limit reached"
-            );
-        }
-    }
-    for (_, address) in &registrations {
+    let drain = Drain {
+        limit,
+        inflight: &inflight,
+    };
+    let result = lifecycle.run(&shutdown, drain, || {}).await;
+    // Embedded workers leave the in-process table once they drained.
+    for address in &addresses {
         unregister_inproc(address);
     }
-    workers_shutdown.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(5), async {
-        while tasks.join_next().await.is_some() {}
-    })
-    .await;
-    if lease_failed {
-        anyhow::bail!("discovery lease lost");
-    }
+    Ok(result?)
+}
+
+/// A task that ends without an outcome of its own, as a lifecycle task.
+async fn ends_well(
+    task: impl std::future::Future<Output = ()>,
+) -> Result<(), std::convert::Infallible> {
+    task.await;
     Ok(())
 }
 

@@ -16,6 +16,7 @@ use kvmesh_proto::v1::router_server::RouterServer;
 use kvmesh_runtime::config::RuntimeOpts;
 use kvmesh_runtime::connect::{self, Embedded};
 use kvmesh_runtime::discovery::registry::{Registry, instance_record};
+use kvmesh_runtime::lifecycle::{Drain, ServiceLifecycle};
 use kvmesh_runtime::worker_client::GrpcSettings;
 use tokio_util::sync::CancellationToken;
 
@@ -68,8 +69,7 @@ pub async fn run(
     let discovery = connect::discovery(&opts.runtime, embedded.as_ref()).await?;
     let events = connect::event_plane(&opts.runtime, embedded.as_ref()).await?;
     let table: RoutedTable = Arc::new(ArcSwap::from_pointee(HashMap::new()));
-    let tasks_shutdown = shutdown.child_token();
-    let mut tasks = tokio::task::JoinSet::new();
+    let mut lifecycle = ServiceLifecycle::new("router");
     let fleet = FleetConfig {
         namespaces: NamespaceFilter::Exact(opts.namespace.clone()),
         router: router_config.clone(),
@@ -91,7 +91,7 @@ pub async fn run(
         grpc: GrpcSettings::default(),
         router_id: format!("{:x}", discovery.instance_id()),
     };
-    tasks.spawn(watch_models(table.clone(), fleet, tasks_shutdown.clone()));
+    lifecycle.spawn(watch_models(table.clone(), fleet, lifecycle.stop_token()));
     if router_config.kv.serve_indexer {
         // The served replica registers itself; this replica's routers find it like any other.
         let mut runtime = opts.runtime.clone();
@@ -101,10 +101,10 @@ pub async fn run(
             &opts.namespace,
             router_config.kv.event_threads as u64,
         );
-        tasks.spawn(kvmesh_indexer::run(
+        lifecycle.spawn(kvmesh_indexer::run(
             indexer,
             embedded.clone(),
-            tasks_shutdown.clone(),
+            lifecycle.stop_token(),
         ));
     }
 
@@ -121,27 +121,17 @@ pub async fn run(
     let metrics = RouterMetrics::new().context("register metrics")?;
     let service = RouterService::new(table.clone(), metrics.clone());
     if let Some(port) = opts.metrics_port {
-        tasks.spawn(serve_metrics(
+        lifecycle.spawn(serve_metrics(
             format!("{}:{port}", opts.runtime.tcp_rpc_host),
             table,
             metrics,
-            tasks_shutdown.clone(),
+            lifecycle.stop_token(),
         ));
     }
-    {
-        let stop = tasks_shutdown.clone();
-        tasks.spawn(async move {
-            tonic::transport::Server::builder()
-                .tcp_nodelay(true)
-                .add_service(RouterServer::new(service))
-                .serve_with_incoming_shutdown(
-                    kvmesh_runtime::net::nodelay_incoming(listener),
-                    stop.cancelled_owned(),
-                )
-                .await
-                .map_err(anyhow::Error::from)
-        });
-    }
+    lifecycle.serve_grpc(
+        listener,
+        tonic::service::Routes::new(RouterServer::new(service)),
+    );
     let record = instance_record(
         &opts.namespace,
         ROUTER_COMPONENT,
@@ -152,34 +142,9 @@ pub async fn run(
     Registry::new(discovery.clone())
         .register_instance(&record)
         .await?;
+    lifecycle.registered(discovery);
     tracing::info!(%address, namespace = %opts.namespace, "router replica serving");
-
-    let lease_lost = discovery.lease_lost();
-    let result = tokio::select! {
-        biased;
-        _ = shutdown.cancelled() => Ok(()),
-        _ = lease_lost.cancelled() => Err(anyhow::anyhow!("discovery lease lost")),
-        Some(result) = tasks.join_next() => {
-            if shutdown.is_cancelled() {
-                Ok(())
-            } else {
-                Err(match result {
-                    Ok(Ok(())) => anyhow::anyhow!("a router task stopped"),
-                    Ok(Err(error)) => error,
-                    Err(error) => anyhow::anyhow!("a router task failed: {error}"),
-                })
-            }
-        }
-    };
-    if let Err(error) = discovery.revoke().await {
-        tracing::warn!(%error, "unregister failed");
-    }
-    tasks_shutdown.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(3), async {
-        while tasks.join_next().await.is_some() {}
-    })
-    .await;
-    result
+    Ok(lifecycle.run(&shutdown, Drain::NONE, || {}).await?)
 }
 
 async fn serve_metrics(
