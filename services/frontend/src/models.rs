@@ -115,7 +115,7 @@ struct ModelState {
     card: ModelCard,
     checksum: String,
     pipeline: Arc<Pipeline>,
-    routing: fleet::ModelRouter,
+    routing: fleet::ModelRouting,
     remote: Option<RemoteRouters>,
     metrics: ModelMetrics,
     created: u64,
@@ -272,7 +272,7 @@ async fn reconcile(
                 events: &config.events,
                 router_id: None,
             };
-            let Some(routing) = fleet::ModelRouter::build(
+            let Some(routing) = fleet::ModelRouting::build(
                 name,
                 &record.namespace,
                 &card,

@@ -249,7 +249,7 @@ pub fn attach_index(
 
 /// One model's routing state in a routing process: the router, its remote index (if any), and
 /// the tasks that feed it (published worker load, replica sync). The tasks stop when it drops.
-pub struct ModelRouter {
+pub struct ModelRouting {
     /// The model's router.
     pub router: SharedRouter,
     /// Tokens per block the router hashes prompts with.
@@ -260,7 +260,7 @@ pub struct ModelRouter {
     sync_stop: CancellationToken,
 }
 
-impl Drop for ModelRouter {
+impl Drop for ModelRouting {
     fn drop(&mut self) {
         self.load_task.abort();
         self.sync_stop.cancel();
@@ -279,7 +279,7 @@ pub struct RouterSetup<'a> {
     pub router_id: Option<&'a str>,
 }
 
-impl ModelRouter {
+impl ModelRouting {
     /// Builds the router of model `name` in `namespace` (block size from `card` unless
     /// overridden), attaches the namespace's index in kv mode, starts replica sync when
     /// configured and the load feed. `None` (logged) when the configuration is rejected.
@@ -346,7 +346,7 @@ impl ModelRouter {
     }
 }
 
-impl ModelRouter {
+impl ModelRouting {
     /// Warns when a worker's card advertises a block size other than the one this model routes
     /// with: its KV events hash other blocks, so its cache never matches a prompt and kv routing
     /// treats it as cold (run every worker of a model with one block size, or set

@@ -104,7 +104,7 @@ pub struct FleetConfig {
 
 struct ModelState {
     namespace: String,
-    routing: fleet::ModelRouter,
+    routing: fleet::ModelRouting,
     workers: BTreeMap<u64, Arc<dyn WorkerEndpoint>>,
 }
 
@@ -167,7 +167,7 @@ async fn reconcile(
                 events: &config.events,
                 router_id: Some(&config.router_id),
             };
-            let Some(routing) = fleet::ModelRouter::build(
+            let Some(routing) = fleet::ModelRouting::build(
                 name,
                 &first.namespace,
                 &card,
