@@ -10,6 +10,7 @@ pub mod etcd;
 pub mod file;
 pub mod instances;
 pub mod mem;
+mod namespace_filter;
 pub mod registry;
 
 use std::pin::Pin;

@@ -19,7 +19,8 @@ use kvmesh_proto::v1::{
     ReportRequest, RouteRequest, RouteStreamRequest, RouteStreamResponse, TerminalPath,
     route_stream_request, route_stream_response,
 };
-use kvmesh_router::service::{RoutedModel, RouterService};
+use kvmesh_router::routed_models::RoutedModel;
+use kvmesh_router::service::RouterService;
 use kvmesh_routing::{
     MonotonicClock, RouterConfig, RouterCore, RouterMode, RuntimeConfig, SharedRouter, WorkerInfo,
 };

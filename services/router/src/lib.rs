@@ -7,7 +7,8 @@
 //!   replicas ([`ReplicaDecider`]), behind [`RouteDecider`].
 //! * [`fleet`] — workers, load and indexer clients from discovery, for every process that routes.
 //! * [`replica_sync`] — tracker changes shared between replicas over the event plane.
-//! * [`service`] / [`server`] — the `kvmesh-router` replica serving `kvmesh.v1.Router`;
+//! * [`routed_models`], [`service`] / [`server`] — the `kvmesh-router` replica: the models it
+//!   routes, kept current from discovery, and its `kvmesh.v1.Router` service;
 //!   [`remote`] is the client of those replicas; [`wire`] converts between the core's types and
 //!   the protobuf contract.
 
@@ -17,6 +18,7 @@ pub mod generation;
 pub mod metrics;
 pub mod remote;
 pub mod replica_sync;
+pub mod routed_models;
 pub mod routing;
 pub mod server;
 pub mod service;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
 
-use crate::service::RoutedTable;
+use crate::routed_models::RoutedTable;
 use kvmesh_routing::error::RouteError;
 
 /// The replica's metrics.

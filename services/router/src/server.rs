@@ -23,7 +23,8 @@ use tokio_util::sync::CancellationToken;
 use crate::fleet::{IndexSettings, IndexSources, NamespaceFilter};
 use crate::metrics::RouterMetrics;
 use crate::remote::{ROUTER_COMPONENT, ROUTER_ENDPOINT};
-use crate::service::{FleetConfig, RoutedTable, RouterService, watch_models};
+use crate::routed_models::{FleetConfig, RoutedTable, watch_models};
+use crate::service::RouterService;
 use kvmesh_routing::args::RouterArgs;
 
 /// Options of `kvmesh-router`.

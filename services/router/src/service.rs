@@ -1,258 +1,26 @@
-//! The `kvmesh.v1.Router` gRPC service of a `kvmesh-router` replica: a router per discovered model
-//! (workers from discovery, load from the event plane, overlap from the indexer shards, optional
-//! replica sync), answering `Route`, proxying `Generate`, and taking `Report`s of requests whose
-//! callers talk to the worker themselves.
+//! The `kvmesh.v1.Router` gRPC service of a `kvmesh-router` replica over the models of
+//! [`crate::routed_models`]: answering `Route` (unary and on a `RouteStream`), running `Generate`
+//! through the seam, and taking `Report`s of requests whose callers talk to the worker themselves.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
 use futures::StreamExt;
-use kvmesh_indexer::client::IndexerClient;
 use kvmesh_proto::v1 as pb;
 use kvmesh_proto::v1::router_server::Router;
-use kvmesh_runtime::discovery::Discovery;
-use kvmesh_runtime::discovery::registry::Registry;
-use kvmesh_runtime::event_plane::EventPlane;
-use kvmesh_runtime::worker_client::{GrpcSettings, WorkerEndpoint, connect_worker};
+use kvmesh_routing::error::RouteError;
+use kvmesh_routing::request::RouteRequest;
+use kvmesh_routing::sync::{SyncEvent, SyncKind};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
-use crate::decider::LocalDecider;
-use crate::fleet::{self, DiscoveredRecords, IndexSources, NamespaceFilter};
-use crate::generation::{
-    FirstResponseWait, GenerateOptions, Generation, MigrationPolicy, ModelRouter, NoObserver,
-    WorkerRef,
-};
+use crate::generation::{FirstResponseWait, GenerateOptions, Generation};
 use crate::metrics::RouterMetrics;
+use crate::routed_models::{RoutedModel, RoutedTable};
 use crate::routing::route_with_index;
 use crate::wire;
 use crate::wire::RouteErrorStatus as _;
-use kvmesh_routing::config::RouterConfig;
-use kvmesh_routing::error::RouteError;
-use kvmesh_routing::request::RouteRequest;
-use kvmesh_routing::shared::SharedRouter;
-use kvmesh_routing::sync::{SyncEvent, SyncKind};
-
-/// One model as this replica routes it.
-pub struct RoutedModel {
-    /// Served model name.
-    pub name: String,
-    /// Namespace its workers registered in.
-    pub namespace: String,
-    /// Its router.
-    pub router: SharedRouter,
-    /// Its namespace's indexer shards (kv mode with events).
-    pub indexer: Option<IndexerClient>,
-    /// The seam `Generate` runs requests through, over this table version's workers.
-    pub seam: ModelRouter,
-}
-
-impl RoutedModel {
-    /// Model `name` of `namespace` routed by `router` (overlap from `indexer` when remote), its
-    /// `Generate` calls going to `workers` through the seam.
-    pub fn new(
-        name: &str,
-        namespace: &str,
-        router: SharedRouter,
-        indexer: Option<IndexerClient>,
-        workers: Vec<WorkerRef>,
-    ) -> Self {
-        let decider = Arc::new(LocalDecider {
-            router: router.clone(),
-            indexer: indexer.clone(),
-        });
-        Self {
-            name: name.to_string(),
-            namespace: namespace.to_string(),
-            router,
-            indexer,
-            seam: ModelRouter::new(
-                name,
-                decider,
-                workers,
-                MigrationPolicy::default(),
-                Arc::new(NoObserver),
-            ),
-        }
-    }
-}
-
-/// The models this replica routes, read lock-free by every call.
-pub type RoutedTable = Arc<ArcSwap<HashMap<String, Arc<RoutedModel>>>>;
-
-/// What the model watcher needs.
-pub struct FleetConfig {
-    /// Namespaces served.
-    pub namespaces: NamespaceFilter,
-    /// Configuration of every model's router.
-    pub router: RouterConfig,
-    /// `--kv-cache-block-size` override.
-    pub kv_cache_block_size: Option<u32>,
-    /// Worker load, KV events and replica sync.
-    pub events: Arc<dyn EventPlane>,
-    /// Discovery (workers, indexer replicas).
-    pub discovery: Arc<dyn Discovery>,
-    /// The KV index of each namespace (remote shards or in-process).
-    pub indexes: IndexSources,
-    /// gRPC settings of worker connections.
-    pub grpc: GrpcSettings,
-    /// Prefix of every router id this replica signs sync events with.
-    pub router_id: String,
-}
-
-struct ModelState {
-    namespace: String,
-    routing: fleet::ModelRouting,
-    workers: BTreeMap<u64, Arc<dyn WorkerEndpoint>>,
-}
-
-/// Watches discovery and keeps `table` current until `shutdown`: a router per model with
-/// workers; a model whose last worker left is dropped (its tracked load is gone with them).
-pub async fn watch_models(
-    table: RoutedTable,
-    mut config: FleetConfig,
-    shutdown: CancellationToken,
-) -> anyhow::Result<()> {
-    let mut stream = Registry::new(config.discovery.clone())
-        .watch_records(config.namespaces.clone())
-        .await?;
-    let mut records = DiscoveredRecords::default();
-    let mut models: HashMap<String, ModelState> = HashMap::new();
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
-            _ = tick.tick() => {
-                for state in models.values() {
-                    state.routing.router.tick();
-                }
-            }
-            event = stream.next() => {
-                let Some(event) = event else {
-                    anyhow::bail!("discovery watch ended");
-                };
-                records.apply(event);
-                reconcile(&records, &mut models, &mut config, &shutdown).await;
-                publish(&table, &models);
-            }
-        }
-    }
-}
-
-async fn reconcile(
-    records: &DiscoveredRecords,
-    models: &mut HashMap<String, ModelState>,
-    config: &mut FleetConfig,
-    shutdown: &CancellationToken,
-) {
-    let serving = records.serving();
-    models.retain(|name, _| {
-        let keep = serving.contains_key(name);
-        if !keep {
-            tracing::info!(model = %name, "model removed: no workers");
-        }
-        keep
-    });
-    for (name, workers) in &serving {
-        let Some((first, _)) = workers.first() else {
-            continue;
-        };
-        if !models.contains_key(name) {
-            let card = first.card.clone().unwrap_or_default();
-            let setup = fleet::RouterSetup {
-                config: &config.router,
-                block_size_override: config.kv_cache_block_size,
-                events: &config.events,
-                router_id: Some(&config.router_id),
-            };
-            let Some(routing) = fleet::ModelRouting::build(
-                name,
-                &first.namespace,
-                &card,
-                &setup,
-                &mut config.indexes,
-                shutdown,
-            )
-            .await
-            else {
-                continue;
-            };
-            models.insert(
-                name.clone(),
-                ModelState {
-                    namespace: first.namespace.clone(),
-                    routing,
-                    workers: BTreeMap::new(),
-                },
-            );
-        }
-        let Some(state) = models.get_mut(name) else {
-            continue;
-        };
-        let mut next = BTreeMap::new();
-        for (record, instance) in workers {
-            let id = instance.instance_id;
-            let endpoint = match state.workers.get(&id) {
-                Some(existing) => existing.clone(),
-                None => match connect_worker(&instance.address, &config.grpc) {
-                    Ok(endpoint) => {
-                        tracing::info!(model = %name, worker_id = %format!("{id:x}"), "worker added");
-                        if config.kv_cache_block_size.is_none() {
-                            state
-                                .routing
-                                .check_block_size(name, id, record.card.as_ref());
-                        }
-                        endpoint
-                    }
-                    Err(error) => {
-                        tracing::warn!(worker_id = %format!("{id:x}"), %error, "cannot reach worker");
-                        continue;
-                    }
-                },
-            };
-            // Re-upserting applies card changes (runtime config) seen after the first sight.
-            state
-                .routing
-                .router
-                .upsert_worker(fleet::worker_info(instance, record.card.as_ref()));
-            next.insert(id, endpoint);
-        }
-        for id in state.workers.keys() {
-            if !next.contains_key(id) {
-                tracing::info!(model = %name, worker_id = %format!("{id:x}"), "worker removed");
-                state.routing.router.remove_worker(*id);
-            }
-        }
-        state.workers = next;
-    }
-}
-
-fn publish(table: &RoutedTable, models: &HashMap<String, ModelState>) {
-    let next = models
-        .iter()
-        .map(|(name, state)| {
-            let workers = state
-                .workers
-                .iter()
-                .map(|(id, endpoint)| WorkerRef {
-                    id: *id,
-                    endpoint: endpoint.clone(),
-                })
-                .collect();
-            let model = RoutedModel::new(
-                name,
-                &state.namespace,
-                state.routing.router.clone(),
-                state.routing.indexer.clone(),
-                workers,
-            );
-            (name.clone(), Arc::new(model))
-        })
-        .collect();
-    table.store(Arc::new(next));
-}
 
 /// The gRPC service.
 #[derive(Clone)]
