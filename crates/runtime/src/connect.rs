@@ -24,6 +24,9 @@ pub struct Embedded {
     pub store: MemStore,
     /// The shared in-process event plane.
     pub events: Arc<MemEventPlane>,
+    /// Embedded workers serve gRPC on loopback instead of being called in-process, so a
+    /// one-process test mesh exercises the same worker connections as separate processes do.
+    pub grpc_workers: bool,
 }
 
 impl Embedded {

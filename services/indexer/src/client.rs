@@ -21,8 +21,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::bootstrap::{INDEXER_COMPONENT, INDEXER_ENDPOINT, layout_of};
 use crate::convert::scores_from_proto;
-use crate::service::IndexerService;
 use crate::shard::ShardLayout;
+use kvmesh_runtime::ErrorCode;
 use kvmesh_runtime::GrpcErrorCode as _;
 
 /// The merged answer of every shard.
@@ -46,15 +46,19 @@ struct Replica {
 enum ReplicaLink {
     /// Over gRPC, on one long-lived query stream.
     Grpc(QueryStream),
-    /// By a direct call: the replica runs in this process.
-    InProcess(IndexerService),
+    /// By a direct call: the replica (this instance id) runs in this process. It is looked up
+    /// per query, so a replica that stopped answers as unavailable, as a dead process would.
+    InProcess(u64),
 }
 
 impl ReplicaLink {
     async fn query(&self, request: FindMatchesRequest) -> Answer {
         match self {
             ReplicaLink::Grpc(queries) => queries.query(request).await,
-            ReplicaLink::InProcess(service) => service.answer_in_process(request),
+            ReplicaLink::InProcess(instance_id) => match crate::local::lookup(*instance_id) {
+                Some(service) => service.answer_in_process(request),
+                None => Err(ErrorCode::Unavailable.to_status("indexer replica stopped")),
+            },
         }
     }
 }
@@ -320,7 +324,7 @@ pub fn merge_answers(
 fn replica_of(record: &InstanceRecord) -> Option<Replica> {
     let layout = layout_of(record)?;
     let link = match crate::local::lookup(record.instance_id) {
-        Some(service) => ReplicaLink::InProcess(service),
+        Some(_) => ReplicaLink::InProcess(record.instance_id),
         None => {
             let endpoint =
                 kvmesh_runtime::net::mesh_endpoint(&record.address, Duration::from_secs(1)).ok()?;

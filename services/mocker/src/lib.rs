@@ -140,7 +140,8 @@ pub async fn run(
 
         let service = MockWorker::new(ranks);
         inflight.push(service.inflight().clone());
-        let (address, transport) = if embedded.is_some() {
+        let is_inproc = embedded.as_ref().is_some_and(|e| !e.grpc_workers);
+        let (address, transport) = if is_inproc {
             let address =
                 register_inproc(&format!("mocker-{worker_id:x}"), Arc::new(service.clone()));
             (address, INPROC_TRANSPORT)
