@@ -4,6 +4,8 @@ mod admin;
 mod chat;
 mod completions;
 mod infra;
+mod openai_shared;
+pub mod request_metrics;
 pub mod sse;
 
 use std::sync::Arc;

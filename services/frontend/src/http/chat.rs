@@ -1,7 +1,6 @@
 //! `POST /v1/chat/completions`.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -13,7 +12,9 @@ use kvmesh_llm::openai::{
     ChatCompletionResponse, ChatResponseMessage, FinishReason, Role, Usage,
 };
 
-use super::sse::{self, RequestScope};
+use super::openai_shared::{check_supported, now_secs, response_nvext};
+use super::request_metrics::{EarlyRequest, RequestScope};
+use super::sse;
 use super::{AppState, body_bytes, parse_json, request_id, with_request_id};
 use crate::error::FrontendError;
 use crate::generate;
@@ -27,7 +28,7 @@ pub async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let request_id = request_id(&headers);
-    let mut early = sse::EarlyRequest::default();
+    let mut early = EarlyRequest::default();
     let response = match handle(&state, &request_id, &headers, body, &mut early).await {
         Ok(response) => response,
         Err(error) => {
@@ -43,7 +44,7 @@ async fn handle(
     request_id: &str,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
-    early: &mut sse::EarlyRequest,
+    early: &mut EarlyRequest,
 ) -> Result<Response, FrontendError> {
     state.check_accepting()?;
     let body = body_bytes(state, body)?;
@@ -51,7 +52,7 @@ async fn handle(
     early.parsed(state, &request.model, request.is_stream());
     request.validate()?;
     let sampling = request.sampling_options();
-    super::completions::check_supported(&sampling)?;
+    check_supported(&sampling)?;
     let entry = find_model(&state.models, &request.model)?;
     let stream = request.is_stream();
     early.is_scoped = true;
@@ -89,7 +90,7 @@ async fn handle(
             return Err(error);
         }
     };
-    let nvext = super::completions::response_nvext(
+    let nvext = response_nvext(
         &state.settings,
         &request.nvext,
         started.worker_id(),
@@ -186,12 +187,4 @@ impl sse::ChunkFramer for ChatFramer {
             usage,
         ))
     }
-}
-
-/// Seconds since the Unix epoch for `created` fields.
-pub(crate) fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
 }

@@ -1,4 +1,4 @@
-//! `POST /v1/completions`, plus checks and `nvext` helpers shared with chat.
+//! `POST /v1/completions`.
 
 use std::sync::Arc;
 
@@ -9,12 +9,13 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use kvmesh_llm::openai::{
     CompletionChoice, CompletionChunk, CompletionChunkChoice, CompletionRequest,
-    CompletionResponse, FinishReason, Prompt, SamplingOptions, TextCompletionObject, Usage,
+    CompletionResponse, FinishReason, Prompt, TextCompletionObject, Usage,
 };
 use serde_json::Value;
 
-use super::chat::now_secs;
-use super::sse::{self, RequestScope};
+use super::openai_shared::{check_supported, now_secs, response_nvext};
+use super::request_metrics::{EarlyRequest, RequestScope};
+use super::sse;
 use super::{AppState, body_bytes, parse_json, request_id, with_request_id};
 use crate::error::FrontendError;
 use crate::generate;
@@ -28,7 +29,7 @@ pub async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let request_id = request_id(&headers);
-    let mut early = sse::EarlyRequest::default();
+    let mut early = EarlyRequest::default();
     let response = match handle(&state, &request_id, &headers, body, &mut early).await {
         Ok(response) => response,
         Err(error) => {
@@ -37,48 +38,6 @@ pub async fn completions(
         }
     };
     with_request_id(response, &request_id)
-}
-
-/// Rejects options this release cannot honour, instead of ignoring them.
-pub(crate) fn check_supported(sampling: &SamplingOptions) -> Result<(), FrontendError> {
-    // Valid requests this release cannot serve: 501, not the client's mistake
-    // (docs/http-api.md, "Errors").
-    if sampling.n > 1 {
-        return Err(FrontendError::NotImplemented(format!(
-            "n = {} is not supported yet; only n = 1",
-            sampling.n
-        )));
-    }
-    if sampling.logprobs.is_some() {
-        return Err(FrontendError::NotImplemented(
-            "logprobs are not supported by this release".into(),
-        ));
-    }
-    Ok(())
-}
-
-/// The response `nvext` for the fields the client asked for in `nvext.extra_fields` (none with
-/// `DYN_DISABLE_FRONTEND_NVEXT`).
-pub(crate) fn response_nvext(
-    settings: &super::HttpSettings,
-    request_nvext: &Option<Value>,
-    worker_id: u64,
-    dp_rank: u32,
-) -> Option<Value> {
-    let wants_worker = request_nvext
-        .as_ref()
-        .filter(|_| !settings.disable_nvext)
-        .and_then(|nvext| nvext.get("extra_fields"))
-        .and_then(Value::as_array)
-        .is_some_and(|fields| fields.iter().any(|f| f.as_str() == Some("worker_id")));
-    wants_worker.then(|| {
-        serde_json::json!({"worker_id": {
-            "prefill_worker_id": worker_id,
-            "prefill_dp_rank": dp_rank,
-            "decode_worker_id": worker_id,
-            "decode_dp_rank": dp_rank,
-        }})
-    })
 }
 
 fn check_prompt_shape(body: &Value) -> Result<(), FrontendError> {
@@ -120,7 +79,7 @@ async fn handle(
     request_id: &str,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
-    early: &mut sse::EarlyRequest,
+    early: &mut EarlyRequest,
 ) -> Result<Response, FrontendError> {
     state.check_accepting()?;
     let body = body_bytes(state, body)?;

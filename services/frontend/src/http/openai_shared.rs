@@ -1,0 +1,59 @@
+//! What the OpenAI endpoints (chat and completions) share: the check that rejects options this
+//! release cannot honour, the response `nvext`, and the `created` timestamp.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use kvmesh_llm::openai::SamplingOptions;
+use serde_json::Value;
+
+use crate::error::FrontendError;
+
+/// Rejects options this release cannot honour, instead of ignoring them.
+pub(crate) fn check_supported(sampling: &SamplingOptions) -> Result<(), FrontendError> {
+    // Valid requests this release cannot serve: 501, not the client's mistake
+    // (docs/http-api.md, "Errors").
+    if sampling.n > 1 {
+        return Err(FrontendError::NotImplemented(format!(
+            "n = {} is not supported yet; only n = 1",
+            sampling.n
+        )));
+    }
+    if sampling.logprobs.is_some() {
+        return Err(FrontendError::NotImplemented(
+            "logprobs are not supported by this release".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The response `nvext` for the fields the client asked for in `nvext.extra_fields` (none with
+/// `DYN_DISABLE_FRONTEND_NVEXT`).
+pub(crate) fn response_nvext(
+    settings: &super::HttpSettings,
+    request_nvext: &Option<Value>,
+    worker_id: u64,
+    dp_rank: u32,
+) -> Option<Value> {
+    let wants_worker = request_nvext
+        .as_ref()
+        .filter(|_| !settings.disable_nvext)
+        .and_then(|nvext| nvext.get("extra_fields"))
+        .and_then(Value::as_array)
+        .is_some_and(|fields| fields.iter().any(|f| f.as_str() == Some("worker_id")));
+    wants_worker.then(|| {
+        serde_json::json!({"worker_id": {
+            "prefill_worker_id": worker_id,
+            "prefill_dp_rank": dp_rank,
+            "decode_worker_id": worker_id,
+            "decode_dp_rank": dp_rank,
+        }})
+    })
+}
+
+/// Seconds since the Unix epoch for `created` fields.
+pub(crate) fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
