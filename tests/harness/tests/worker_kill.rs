@@ -1,5 +1,5 @@
 //! The worker-kill drill on the in-process mesh: many concurrent streams on real-time workers,
-//! read by slow clients, one worker killed while they run. Its streams move to the others in one burst; every stream,
+//! read by slow clients, one worker killed once they all run. Its streams move to the others in one burst; every stream,
 //! moved or not, completes with its full token count and no error. (Such a burst once closed the
 //! surviving workers' whole HTTP/2 connections.) The real-process twin, with SIGKILL, real etcd
 //! and NATS, is `tests/python/test_migration.py::test_a_burst_of_migrations_fails_no_stream`.
@@ -36,8 +36,20 @@ async fn drill(num_workers: usize, num_streams: usize) {
             })
         })
         .collect();
-    // Every stream has started (the mock engine admits them at once) and none is near its end.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Kill once (nearly) every stream is in flight, so the victim's streams move in one burst;
+    // none is near its end then (400 tokens take seconds at real-time speed).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let inflight = mesh
+            .metric_sum("dynamo_frontend_inflight_requests{")
+            .await
+            .unwrap();
+        if inflight >= num_streams as f64 * 0.9 || tokio::time::Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
     mesh.workers[0].kill();
 
     let mut errors = Vec::new();
