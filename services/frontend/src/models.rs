@@ -15,7 +15,7 @@ use kvmesh_routing::{RouterConfig, SharedRouter};
 use kvmesh_runtime::discovery::Discovery;
 use kvmesh_runtime::discovery::registry::Registry;
 use kvmesh_runtime::event_plane::EventPlane;
-use kvmesh_runtime::worker_client::{GrpcSettings, connect_worker};
+use kvmesh_runtime::worker_client::GrpcSettings;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::FrontendError;
@@ -311,8 +311,7 @@ async fn reconcile(
         let Some(state) = models.get_mut(name) else {
             continue;
         };
-        let mut workers = BTreeMap::new();
-        for (record, instance) in records {
+        for (record, _) in records {
             if record.card_checksum != state.checksum {
                 tracing::info!(model = %name, worker_id = %format!("{:x}", record.instance_id), "worker card differs, newest wins");
                 if let Some(card) = &record.card {
@@ -320,43 +319,14 @@ async fn reconcile(
                 }
                 state.checksum = record.card_checksum.clone();
             }
-            let worker = match state.workers.get(&instance.instance_id) {
-                Some(existing) => existing.clone(),
-                None => match connect_worker(&instance.address, &config.grpc) {
-                    Ok(endpoint) => {
-                        tracing::info!(model = %name, worker_id = %format!("{:x}", instance.instance_id), address = %instance.address, "worker added");
-                        if config.kv_cache_block_size.is_none() {
-                            state.routing.check_block_size(
-                                name,
-                                instance.instance_id,
-                                record.card.as_ref(),
-                            );
-                        }
-                        WorkerRef {
-                            id: instance.instance_id,
-                            endpoint,
-                        }
-                    }
-                    Err(error) => {
-                        tracing::warn!(worker_id = %format!("{:x}", instance.instance_id), %error, "cannot reach worker");
-                        continue;
-                    }
-                },
-            };
-            // Upserting on every change applies card updates (runtime config) after the first
-            // sight too.
-            state
-                .routing
-                .router
-                .upsert_worker(fleet::worker_info(instance, record.card.as_ref()));
-            workers.insert(instance.instance_id, worker);
         }
-        for id in state.workers.keys() {
-            if !workers.contains_key(id) {
-                tracing::info!(model = %name, worker_id = %format!("{id:x}"), "worker removed");
-                state.routing.router.remove_worker(*id);
-            }
-        }
+        let workers = state.routing.reconcile_workers(
+            name,
+            records,
+            &state.workers,
+            &config.grpc,
+            config.kv_cache_block_size,
+        );
         state.workers = workers;
         metrics.set_model_config(name, &model_config(&state.card, config));
     }

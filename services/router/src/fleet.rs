@@ -3,7 +3,7 @@
 //! a namespace. The frontend (in-process routers) and `kvmesh-router` (remote replicas) both build
 //! their per-model routers from these pieces.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -16,10 +16,13 @@ use kvmesh_runtime::discovery::registry::{RecordChange, RecordEvent};
 use kvmesh_runtime::event_plane::EventPlane;
 use kvmesh_runtime::names;
 use kvmesh_runtime::names::{InstanceKey, ModelKey};
+use kvmesh_runtime::worker_client::{GrpcSettings, connect_worker};
 use prost::Message as _;
 use tokio_util::sync::CancellationToken;
 
 use kvmesh_routing::shared::SharedRouter;
+
+use crate::generation::WorkerRef;
 use kvmesh_routing::worker::{MAX_DATA_PARALLEL_RANKS, RuntimeConfig, WorkerInfo, WorkerLoad};
 
 pub use kvmesh_runtime::discovery::registry::NamespaceFilter;
@@ -367,6 +370,53 @@ impl ModelRouting {
     }
 }
 
+impl ModelRouting {
+    /// The model's workers after a discovery change: `current` kept for workers still listed,
+    /// a connection made for each new one (logged, its block size checked unless
+    /// `block_size_override`), every listed worker upserted into the router (card updates such
+    /// as runtime config apply after the first sight too), and the router told of every worker
+    /// that left.
+    pub fn reconcile_workers(
+        &self,
+        model: &str,
+        listed: &[(&ModelRecord, &InstanceRecord)],
+        current: &BTreeMap<u64, WorkerRef>,
+        grpc: &GrpcSettings,
+        block_size_override: Option<u32>,
+    ) -> BTreeMap<u64, WorkerRef> {
+        let mut next = BTreeMap::new();
+        for (record, instance) in listed {
+            let id = instance.instance_id;
+            let worker = match current.get(&id) {
+                Some(existing) => existing.clone(),
+                None => match connect_worker(&instance.address, grpc) {
+                    Ok(endpoint) => {
+                        tracing::info!(model = %model, worker_id = %format!("{id:x}"), address = %instance.address, "worker added");
+                        if block_size_override.is_none() {
+                            self.check_block_size(model, id, record.card.as_ref());
+                        }
+                        WorkerRef { id, endpoint }
+                    }
+                    Err(error) => {
+                        tracing::warn!(worker_id = %format!("{id:x}"), %error, "cannot reach worker");
+                        continue;
+                    }
+                },
+            };
+            self.router
+                .upsert_worker(worker_info(instance, record.card.as_ref()));
+            next.insert(id, worker);
+        }
+        for id in current.keys() {
+            if !next.contains_key(id) {
+                tracing::info!(model = %model, worker_id = %format!("{id:x}"), "worker removed");
+                self.router.remove_worker(*id);
+            }
+        }
+        next
+    }
+}
+
 /// The workers a retry may go to: every listed worker not tried yet and allowed by the
 /// request's own restriction, if it has one.
 pub fn untried_workers(
@@ -390,91 +440,5 @@ pub fn seed_now() -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
-    use kvmesh_runtime::discovery::WatchEvent;
-
-    use super::*;
-
-    fn put(key: &str, value: &impl serde::Serialize) -> WatchEvent {
-        WatchEvent::Put {
-            key: key.to_string(),
-            value: serde_json::to_vec(value).unwrap_or_default().into(),
-        }
-    }
-
-    /// Feeds one raw watch event through the registry's decoding, as a watch delivers it.
-    fn feed(records: &mut DiscoveredRecords, event: WatchEvent, filter: &NamespaceFilter) {
-        if let Some(change) = RecordChange::from_watch(event, filter) {
-            records.apply(change);
-        }
-    }
-
-    #[test]
-    fn a_worker_serves_once_both_records_exist() {
-        let filter = NamespaceFilter::default();
-        let mut records = DiscoveredRecords::default();
-        let instance = InstanceRecord {
-            namespace: "ns".into(),
-            component: "backend".into(),
-            endpoint: "generate".into(),
-            instance_id: 7,
-            ..Default::default()
-        };
-        let model = ModelRecord {
-            namespace: "ns".into(),
-            model: "m".into(),
-            instance_id: 7,
-            ..Default::default()
-        };
-        feed(&mut records, put("/kvmesh/ns/models/m/7", &model), &filter);
-        assert!(records.serving().is_empty());
-        feed(
-            &mut records,
-            put("/kvmesh/ns/instances/backend/generate/7", &instance),
-            &filter,
-        );
-        assert_eq!(records.serving().get("m").map(Vec::len), Some(1));
-        feed(
-            &mut records,
-            WatchEvent::Delete {
-                key: "/kvmesh/ns/instances/backend/generate/7".into(),
-            },
-            &filter,
-        );
-        assert!(records.serving().is_empty());
-    }
-
-    #[test]
-    fn other_namespaces_are_ignored() {
-        let filter = NamespaceFilter::Exact("mine".into());
-        let mut records = DiscoveredRecords::default();
-        for ns in ["mine", "other"] {
-            let instance = InstanceRecord {
-                namespace: ns.into(),
-                component: "b".into(),
-                endpoint: "g".into(),
-                instance_id: 1,
-                ..Default::default()
-            };
-            let model = ModelRecord {
-                namespace: ns.into(),
-                model: format!("m-{ns}"),
-                instance_id: 1,
-                ..Default::default()
-            };
-            feed(
-                &mut records,
-                put(&format!("/kvmesh/{ns}/instances/b/g/1"), &instance),
-                &filter,
-            );
-            feed(
-                &mut records,
-                put(&format!("/kvmesh/{ns}/models/m-{ns}/1"), &model),
-                &filter,
-            );
-        }
-        let serving = records.serving();
-        assert!(serving.contains_key("m-mine"));
-        assert!(!serving.contains_key("m-other"));
-    }
-}
+#[path = "fleet_tests.rs"]
+mod tests;

@@ -14,7 +14,7 @@ use kvmesh_routing::shared::SharedRouter;
 use kvmesh_runtime::discovery::Discovery;
 use kvmesh_runtime::discovery::registry::Registry;
 use kvmesh_runtime::event_plane::EventPlane;
-use kvmesh_runtime::worker_client::{GrpcSettings, WorkerEndpoint, connect_worker};
+use kvmesh_runtime::worker_client::GrpcSettings;
 use tokio_util::sync::CancellationToken;
 
 use crate::decider::LocalDecider;
@@ -91,7 +91,7 @@ pub struct FleetConfig {
 struct ModelState {
     namespace: String,
     routing: fleet::ModelRouting,
-    workers: BTreeMap<u64, Arc<dyn WorkerEndpoint>>,
+    workers: BTreeMap<u64, WorkerRef>,
 }
 
 /// Watches discovery and keeps `table` current until `shutdown`: a router per model with
@@ -177,40 +177,13 @@ async fn reconcile(
         let Some(state) = models.get_mut(name) else {
             continue;
         };
-        let mut next = BTreeMap::new();
-        for (record, instance) in workers {
-            let id = instance.instance_id;
-            let endpoint = match state.workers.get(&id) {
-                Some(existing) => existing.clone(),
-                None => match connect_worker(&instance.address, &config.grpc) {
-                    Ok(endpoint) => {
-                        tracing::info!(model = %name, worker_id = %format!("{id:x}"), "worker added");
-                        if config.kv_cache_block_size.is_none() {
-                            state
-                                .routing
-                                .check_block_size(name, id, record.card.as_ref());
-                        }
-                        endpoint
-                    }
-                    Err(error) => {
-                        tracing::warn!(worker_id = %format!("{id:x}"), %error, "cannot reach worker");
-                        continue;
-                    }
-                },
-            };
-            // Re-upserting applies card changes (runtime config) seen after the first sight.
-            state
-                .routing
-                .router
-                .upsert_worker(fleet::worker_info(instance, record.card.as_ref()));
-            next.insert(id, endpoint);
-        }
-        for id in state.workers.keys() {
-            if !next.contains_key(id) {
-                tracing::info!(model = %name, worker_id = %format!("{id:x}"), "worker removed");
-                state.routing.router.remove_worker(*id);
-            }
-        }
+        let next = state.routing.reconcile_workers(
+            name,
+            workers,
+            &state.workers,
+            &config.grpc,
+            config.kv_cache_block_size,
+        );
         state.workers = next;
     }
 }
@@ -219,14 +192,7 @@ fn publish(table: &RoutedTable, models: &HashMap<String, ModelState>) {
     let next = models
         .iter()
         .map(|(name, state)| {
-            let workers = state
-                .workers
-                .iter()
-                .map(|(id, endpoint)| WorkerRef {
-                    id: *id,
-                    endpoint: endpoint.clone(),
-                })
-                .collect();
+            let workers = state.workers.values().cloned().collect();
             let model = RoutedModel::new(
                 name,
                 &state.namespace,
