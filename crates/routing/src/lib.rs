@@ -19,6 +19,7 @@
 
 pub mod args;
 mod busy;
+pub mod clock;
 pub mod config;
 pub mod core;
 pub mod cost;
@@ -36,6 +37,7 @@ mod tracker;
 pub mod worker;
 
 pub use args::RouterArgs;
+pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use config::{
     ApproxCachePolicy, BusyThresholds, ConfigError, KvRouterConfig, QueuePolicy, RouterConfig,
     RouterMode, SessionAffinityMode,
@@ -50,9 +52,7 @@ pub use request::{
 };
 pub use rng::Rng;
 pub use select::{select_index, softmax_probabilities};
-pub use shared::{
-    Admission, Clock, ManualClock, MonotonicClock, QueuedRoute, RouteGuard, SharedRouter,
-};
+pub use shared::{Admission, QueuedRoute, RouteGuard, SharedRouter};
 pub use sync::{SyncEvent, SyncKind};
 pub use tracker::RankLoadSnapshot;
 pub use worker::{RuntimeConfig, WorkerInfo, WorkerLoad};

@@ -1,6 +1,7 @@
 //! The shared router: guards release on every path, queued requests resolve or cancel.
 
 use super::*;
+use crate::clock::ManualClock;
 use crate::config::RouterConfig;
 use crate::worker::RuntimeConfig;
 
