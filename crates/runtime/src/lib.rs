@@ -11,6 +11,7 @@ pub mod lifecycle;
 pub mod names;
 pub mod net;
 pub mod shutdown;
+pub mod stream_client;
 pub mod telemetry;
 pub mod worker_client;
 

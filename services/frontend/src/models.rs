@@ -7,13 +7,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
-use futures::StreamExt;
 use kvmesh_proto::v1::ModelCard;
-use kvmesh_router::fleet::{self, DiscoveredRecords, IndexSettings, IndexSources};
+use kvmesh_router::fleet::{self, DiscoveredRecords, FleetTable, IndexSettings, IndexSources};
 use kvmesh_router::{LocalDecider, MigrationPolicy, ModelRouter, RemoteRouters, ReplicaDecider};
 use kvmesh_routing::{RouterConfig, SharedRouter};
 use kvmesh_runtime::discovery::Discovery;
-use kvmesh_runtime::discovery::registry::Registry;
 use kvmesh_runtime::event_plane::EventPlane;
 use kvmesh_runtime::worker_client::GrpcSettings;
 use tokio_util::sync::CancellationToken;
@@ -183,14 +181,7 @@ pub async fn watch_models(
     config: WatcherConfig,
     shutdown: CancellationToken,
 ) -> Result<(), FrontendError> {
-    let mut stream = Registry::new(discovery)
-        .watch_records(config.namespaces.clone())
-        .await
-        .map_err(|e| FrontendError::Internal(format!("discovery watch: {e}")))?;
-    let mut known = DiscoveredRecords::default();
-    let mut models: HashMap<String, ModelState> = HashMap::new();
-    let mut pipelines: HashMap<PathBuf, Arc<Pipeline>> = HashMap::new();
-    let mut clients = Clients {
+    let clients = Clients {
         indexes: IndexSources::new(
             config.discovery.clone(),
             config.events.clone(),
@@ -202,35 +193,65 @@ pub async fn watch_models(
             clients: HashMap::new(),
         },
     };
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
-            _ = tick.tick() => {
-                for state in models.values() {
-                    state.routing.router.tick();
-                }
-                let before = models.len();
-                models.retain(|name, state| {
-                    let expired = state.empty_since.is_some_and(|since| since.elapsed() >= MODEL_GRACE);
-                    if expired {
-                        tracing::info!(model = %name, "model unlisted: no workers");
-                    }
-                    !expired
-                });
-                if models.len() != before {
-                    publish(&table, &models, &config);
-                }
-            }
-            event = stream.next() => {
-                let Some(event) = event else {
-                    return Err(FrontendError::Internal("discovery watch ended".into()));
-                };
-                known.apply(event);
-                reconcile(&known, &mut models, &mut pipelines, &mut clients, &metrics, &config, &shutdown).await;
-                publish(&table, &models, &config);
-            }
+    let namespaces = config.namespaces.clone();
+    let served = ServedModels {
+        table,
+        metrics,
+        config,
+        clients,
+        models: HashMap::new(),
+        pipelines: HashMap::new(),
+    };
+    fleet::watch_fleet(discovery, namespaces, served, shutdown)
+        .await
+        .map_err(|e| FrontendError::Internal(e.to_string()))
+}
+
+/// The frontend's side of the one model-table watcher: a pipeline and a routing seam per model.
+struct ServedModels {
+    table: ModelTable,
+    metrics: FrontendMetrics,
+    config: WatcherConfig,
+    clients: Clients,
+    models: HashMap<String, ModelState>,
+    /// Loaded tokenizers and templates by source, shared by models of one source.
+    pipelines: HashMap<PathBuf, Arc<Pipeline>>,
+}
+
+impl FleetTable for ServedModels {
+    async fn reconcile(&mut self, records: &DiscoveredRecords, shutdown: &CancellationToken) {
+        reconcile(
+            records,
+            &mut self.models,
+            &mut self.pipelines,
+            &mut self.clients,
+            &self.metrics,
+            &self.config,
+            shutdown,
+        )
+        .await;
+    }
+
+    /// Ages every router's load and unlists a model [`MODEL_GRACE`] after its last worker left.
+    fn tick(&mut self) -> bool {
+        for state in self.models.values() {
+            state.routing.router.tick();
         }
+        let before = self.models.len();
+        self.models.retain(|name, state| {
+            let expired = state
+                .empty_since
+                .is_some_and(|since| since.elapsed() >= MODEL_GRACE);
+            if expired {
+                tracing::info!(model = %name, "model unlisted: no workers");
+            }
+            !expired
+        });
+        self.models.len() != before
+    }
+
+    fn publish(&self) {
+        publish(&self.table, &self.models, &self.config);
     }
 }
 

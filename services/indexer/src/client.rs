@@ -3,20 +3,22 @@
 //! that runs in this process is called directly, with no gRPC in between. A shard
 //! that does not answer contributes nothing; routing never fails because of the index.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::StreamExt as _;
 use kvmesh_kv::OverlapScores;
 use kvmesh_proto::v1::indexer_client::IndexerClient as GrpcIndexerClient;
 use kvmesh_proto::v1::{FindMatchesRequest, FindMatchesResponse, InstanceRecord};
 use kvmesh_runtime::discovery::Discovery;
 use kvmesh_runtime::discovery::instances::InstanceList;
 use kvmesh_runtime::names;
-use tokio::sync::{mpsc, oneshot};
-use tokio::time::Instant;
+use kvmesh_runtime::stream_client::{
+    Answers, Incoming, StreamClient, StreamProtocol, StreamSettings,
+};
+use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::bootstrap::{INDEXER_COMPONENT, INDEXER_ENDPOINT, layout_of};
@@ -54,7 +56,7 @@ enum ReplicaLink {
 impl ReplicaLink {
     async fn query(&self, request: FindMatchesRequest) -> Answer {
         match self {
-            ReplicaLink::Grpc(queries) => queries.query(request).await,
+            ReplicaLink::Grpc(queries) => queries.call(request).await,
             ReplicaLink::InProcess(instance_id) => match crate::local::lookup(*instance_id) {
                 Some(service) => service.answer_in_process(request),
                 None => Err(ErrorCode::Unavailable.to_status("indexer replica stopped")),
@@ -68,123 +70,48 @@ type Answer = Result<FindMatchesResponse, tonic::Status>;
 
 /// One long-lived `FindMatchesStream` to a replica, shared by concurrent callers: queries go out
 /// in order and answers come back in the same order, so each is matched to its caller without
-/// ids. A failed stream fails the queries in flight and is reopened by the next query. Saves the
-/// HTTP/2 stream setup a unary call pays per query (docs/benchmarks.md has the difference).
-#[derive(Clone)]
-struct QueryStream {
-    tx: mpsc::Sender<(FindMatchesRequest, oneshot::Sender<Answer>)>,
-}
+/// ids. Saves the HTTP/2 stream setup a unary call pays per query (docs/benchmarks.md has the
+/// difference).
+type QueryStream = StreamClient<FindMatches>;
 
-/// Queries that may wait for the stream task before callers block.
-const QUERY_QUEUE: usize = 4096;
+/// The `FindMatchesStream` protocol: answers in the order of the queries.
+struct FindMatches(GrpcIndexerClient<tonic::transport::Channel>);
 
-impl QueryStream {
-    /// Starts the stream task; it ends when every handle is dropped.
-    fn spawn(client: GrpcIndexerClient<tonic::transport::Channel>) -> Self {
-        let (tx, rx) = mpsc::channel(QUERY_QUEUE);
-        tokio::spawn(run_query_stream(client, rx));
-        Self { tx }
+impl StreamProtocol for FindMatches {
+    type Outgoing = FindMatchesRequest;
+    type Incoming = FindMatchesResponse;
+    type Answer = FindMatchesResponse;
+    type Key = ();
+
+    async fn open(
+        &mut self,
+        outgoing: ReceiverStream<FindMatchesRequest>,
+    ) -> Result<Incoming<FindMatchesResponse>, tonic::Status> {
+        Ok(self
+            .0
+            .find_matches_stream(outgoing)
+            .await?
+            .into_inner()
+            .boxed())
     }
 
-    /// Sends one query and waits for its answer.
-    async fn query(&self, request: FindMatchesRequest) -> Answer {
-        let (reply, answer) = oneshot::channel();
-        self.tx
-            .send((request, reply))
-            .await
-            .map_err(|_| kvmesh_runtime::ErrorCode::Unavailable.to_status("query stream closed"))?;
-        answer.await.unwrap_or_else(|_| {
-            Err(kvmesh_runtime::ErrorCode::Unavailable.to_status("query stream closed"))
-        })
+    fn key(&self, _query: &FindMatchesRequest) -> Option<()> {
+        None
+    }
+
+    fn answer(&self, response: FindMatchesResponse) -> (Answers<()>, Answer) {
+        (Answers::Oldest, Ok(response))
     }
 }
 
-/// Queries one stream carries unanswered; beyond it the task reads answers before taking more,
-/// so neither HTTP/2 flow-control window can fill while the other side waits on it.
-const MAX_IN_FLIGHT: usize = 256;
-
-/// A stream whose oldest query waited this long is torn down and reopened: a replica that stalls
-/// while its connection still answers keepalives would otherwise hold every later query.
-const STALLED_AFTER: Duration = Duration::from_secs(5);
-
-async fn run_query_stream(
-    mut client: GrpcIndexerClient<tonic::transport::Channel>,
-    mut rx: mpsc::Receiver<(FindMatchesRequest, oneshot::Sender<Answer>)>,
-) {
-    let mut waiting: VecDeque<(oneshot::Sender<Answer>, Instant)> = VecDeque::new();
-    let fail_all = |waiting: &mut VecDeque<(oneshot::Sender<Answer>, Instant)>,
-                    status: &tonic::Status| {
-        for (reply, _) in waiting.drain(..) {
-            let _ = reply.send(Err(status.clone()));
-        }
-    };
-    loop {
-        let Some((first, reply)) = rx.recv().await else {
-            return;
-        };
-        if reply.is_closed() {
-            continue;
-        }
-        let (out_tx, out_rx) = mpsc::channel(MAX_IN_FLIGHT);
-        if out_tx.try_send(first).is_err() {
-            let _ = reply.send(Err(
-                kvmesh_runtime::ErrorCode::Unavailable.to_status("query stream closed")
-            ));
-            continue;
-        }
-        waiting.push_back((reply, Instant::now()));
-        let mut answers = match client
-            .find_matches_stream(tokio_stream::wrappers::ReceiverStream::new(out_rx))
-            .await
-        {
-            Ok(response) => response.into_inner(),
-            Err(status) => {
-                fail_all(&mut waiting, &status);
-                continue;
-            }
-        };
-        loop {
-            let oldest = waiting
-                .front()
-                .map_or_else(Instant::now, |(_, sent_at)| *sent_at);
-            tokio::select! {
-                query = rx.recv(), if waiting.len() < MAX_IN_FLIGHT => {
-                    let Some((request, reply)) = query else { return };
-                    // A caller past its deadline needs no answer: the replica is spared the work.
-                    if reply.is_closed() {
-                        continue;
-                    }
-                    // Never full: the channel holds at most the unanswered queries.
-                    if out_tx.try_send(request).is_err() {
-                        let _ = reply.send(Err(kvmesh_runtime::ErrorCode::Unavailable.to_status("query stream closed")));
-                        fail_all(&mut waiting, &kvmesh_runtime::ErrorCode::Unavailable.to_status("query stream closed"));
-                        break;
-                    }
-                    waiting.push_back((reply, Instant::now()));
-                }
-                answer = answers.next() => match answer {
-                    Some(Ok(response)) => {
-                        if let Some((reply, _)) = waiting.pop_front() {
-                            let _ = reply.send(Ok(response));
-                        }
-                    }
-                    Some(Err(status)) => {
-                        fail_all(&mut waiting, &status);
-                        break;
-                    }
-                    None => {
-                        fail_all(&mut waiting, &kvmesh_runtime::ErrorCode::Unavailable.to_status("query stream ended"));
-                        break;
-                    }
-                },
-                _ = tokio::time::sleep_until(oldest + STALLED_AFTER), if !waiting.is_empty() => {
-                    fail_all(&mut waiting, &kvmesh_runtime::ErrorCode::Unavailable.to_status("indexer replica stopped answering"));
-                    break;
-                }
-            }
-        }
-    }
-}
+/// Limits of a query stream: a replica answers within milliseconds, so one that has not
+/// answered its oldest query in 5 s is treated as stalled.
+const QUERY_STREAM: StreamSettings = StreamSettings {
+    name: "query stream",
+    queue: 4096,
+    max_in_flight: Some(256),
+    stalled_after: Some(Duration::from_secs(5)),
+};
 
 /// Fan-out client over the indexer replicas of one namespace, kept current from discovery.
 #[derive(Clone)]
@@ -328,9 +255,10 @@ fn replica_of(record: &InstanceRecord) -> Option<Replica> {
         None => {
             let endpoint =
                 kvmesh_runtime::net::mesh_endpoint(&record.address, Duration::from_secs(1)).ok()?;
-            ReplicaLink::Grpc(QueryStream::spawn(GrpcIndexerClient::new(
-                endpoint.connect_lazy(),
-            )))
+            ReplicaLink::Grpc(QueryStream::spawn(
+                FindMatches(GrpcIndexerClient::new(endpoint.connect_lazy())),
+                QUERY_STREAM,
+            ))
         }
     };
     Some(Replica {

@@ -26,6 +26,9 @@ use crate::generation::WorkerRef;
 use kvmesh_routing::worker::{MAX_DATA_PARALLEL_RANKS, RuntimeConfig, WorkerInfo, WorkerLoad};
 
 pub use kvmesh_runtime::discovery::registry::NamespaceFilter;
+pub use watch::{FleetTable, WatchError, watch_fleet};
+
+pub mod watch;
 
 /// The instance and model records seen in discovery, as a watch delivers them.
 #[derive(Debug, Default)]
@@ -440,5 +443,4 @@ pub fn seed_now() -> u64 {
 }
 
 #[cfg(test)]
-#[path = "fleet_tests.rs"]
 mod tests;

@@ -4,21 +4,18 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use futures::StreamExt;
 use kvmesh_indexer::client::IndexerClient;
 use kvmesh_routing::config::RouterConfig;
 use kvmesh_routing::shared::SharedRouter;
 use kvmesh_runtime::discovery::Discovery;
-use kvmesh_runtime::discovery::registry::Registry;
 use kvmesh_runtime::event_plane::EventPlane;
 use kvmesh_runtime::worker_client::GrpcSettings;
 use tokio_util::sync::CancellationToken;
 
 use crate::decider::LocalDecider;
-use crate::fleet::{self, DiscoveredRecords, IndexSources, NamespaceFilter};
+use crate::fleet::{self, DiscoveredRecords, FleetTable, IndexSources, NamespaceFilter};
 use crate::generation::{MigrationPolicy, ModelRouter, NoObserver, WorkerRef};
 
 /// One model as this replica routes it.
@@ -98,32 +95,40 @@ struct ModelState {
 /// workers; a model whose last worker left is dropped (its tracked load is gone with them).
 pub async fn watch_models(
     table: RoutedTable,
-    mut config: FleetConfig,
+    config: FleetConfig,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let mut stream = Registry::new(config.discovery.clone())
-        .watch_records(config.namespaces.clone())
-        .await?;
-    let mut records = DiscoveredRecords::default();
-    let mut models: HashMap<String, ModelState> = HashMap::new();
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
-            _ = tick.tick() => {
-                for state in models.values() {
-                    state.routing.router.tick();
-                }
-            }
-            event = stream.next() => {
-                let Some(event) = event else {
-                    anyhow::bail!("discovery watch ended");
-                };
-                records.apply(event);
-                reconcile(&records, &mut models, &mut config, &shutdown).await;
-                publish(&table, &models);
-            }
+    let discovery = config.discovery.clone();
+    let namespaces = config.namespaces.clone();
+    let fleet = RoutedFleet {
+        table,
+        config,
+        models: HashMap::new(),
+    };
+    Ok(fleet::watch_fleet(discovery, namespaces, fleet, shutdown).await?)
+}
+
+/// The replica's side of the one model-table watcher.
+struct RoutedFleet {
+    table: RoutedTable,
+    config: FleetConfig,
+    models: HashMap<String, ModelState>,
+}
+
+impl FleetTable for RoutedFleet {
+    async fn reconcile(&mut self, records: &DiscoveredRecords, shutdown: &CancellationToken) {
+        reconcile(records, &mut self.models, &mut self.config, shutdown).await;
+    }
+
+    fn tick(&mut self) -> bool {
+        for state in self.models.values() {
+            state.routing.router.tick();
         }
+        false
+    }
+
+    fn publish(&self) {
+        publish(&self.table, &self.models);
     }
 }
 

@@ -2,27 +2,22 @@
 //! of every request share it, answers come back by request id, and a failed stream is reopened
 //! by the next message after resending, by unary calls, what it may have lost.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::VecDeque;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::StreamExt as _;
 use kvmesh_proto::v1 as pb;
 use kvmesh_proto::v1::router_client::RouterClient;
 use kvmesh_runtime::GrpcErrorCode as _;
-use tokio::sync::{mpsc, oneshot};
+use kvmesh_runtime::stream_client::{
+    Answers, Incoming, StreamClient, StreamProtocol, StreamSettings,
+};
+use tokio_stream::wrappers::ReceiverStream;
 
 use crate::wire;
 
 /// A decision from a replica, or the status it failed with.
 pub(super) type RouteAnswer = Result<pb::RouteResponse, tonic::Status>;
-
-/// What goes to a replica over its `RouteStream`.
-enum Outgoing {
-    Route(Box<pb::RouteRequest>, oneshot::Sender<RouteAnswer>),
-    Report(pb::ReportRequest),
-}
 
 /// One long-lived `RouteStream` to a replica, shared by every request of this process: routes
 /// are answered by request id (a queued one does not hold back the others), reports are sent
@@ -30,56 +25,61 @@ enum Outgoing {
 /// replica) and is reopened by the next message.
 #[derive(Clone)]
 pub(super) struct RouteChannel {
-    tx: mpsc::Sender<Outgoing>,
-    /// Set while a stream is open and has not failed: reports take the stream only then, and
-    /// fall back to unary calls with failover otherwise.
-    is_up: Arc<AtomicBool>,
+    stream: StreamClient<RouteStreamProtocol>,
 }
 
-/// Messages that may wait for the stream task before senders block.
-const ROUTE_STREAM_QUEUE: usize = 4096;
+/// Limits of a route stream: a route may wait in the replica's queue as long as the request
+/// does, so neither the calls in flight nor how long one waits is limited here.
+const ROUTE_STREAM: StreamSettings = StreamSettings {
+    name: "route stream",
+    queue: 4096,
+    max_in_flight: None,
+    stalled_after: None,
+};
 
 impl RouteChannel {
     pub(super) fn spawn(client: RouterClient<tonic::transport::Channel>) -> Self {
-        let (tx, rx) = mpsc::channel(ROUTE_STREAM_QUEUE);
-        let is_up = Arc::new(AtomicBool::new(false));
-        tokio::spawn(run_route_stream(client, rx, is_up.clone()));
-        Self { tx, is_up }
+        let protocol = RouteStreamProtocol {
+            client,
+            recent_ends: VecDeque::new(),
+        };
+        Self {
+            stream: StreamClient::spawn(protocol, ROUTE_STREAM),
+        }
     }
 
     pub(super) async fn route(&self, request: pb::RouteRequest) -> RouteAnswer {
-        let (reply, answer) = oneshot::channel();
         let mut abandon = AbandonOnDrop {
-            tx: &self.tx,
+            stream: &self.stream,
             model: request.model.clone(),
             request_id: request.request_id.clone(),
-            is_armed: false,
+            is_armed: true,
         };
-        self.tx
-            .send(Outgoing::Route(Box::new(request), reply))
-            .await
-            .map_err(|_| kvmesh_runtime::ErrorCode::Unavailable.to_status("route stream closed"))?;
-        abandon.is_armed = true;
-        let result = answer.await.unwrap_or_else(|_| {
-            Err(kvmesh_runtime::ErrorCode::Unavailable.to_status("route stream closed"))
-        });
+        let message = pb::RouteStreamRequest {
+            kind: Some(pb::route_stream_request::Kind::Route(request)),
+        };
+        let result = self.stream.call(message).await;
         abandon.is_armed = false;
         result
     }
 
     /// Sends a report over the stream when it is healthy; gives it back otherwise.
     pub(super) fn try_report(&self, report: pb::ReportRequest) -> Result<(), pb::ReportRequest> {
-        if !self.is_up.load(Ordering::Acquire) {
+        if !self.stream.is_up() {
             return Err(report);
         }
-        match self.tx.try_send(Outgoing::Report(report)) {
-            Ok(()) => Ok(()),
-            Err(error) => match error.into_inner() {
-                Outgoing::Report(report) => Err(report),
-                // Only a report was sent; nothing else can come back.
-                Outgoing::Route(..) => Ok(()),
-            },
-        }
+        self.stream
+            .try_cast(report_message(report))
+            .map_err(|message| match message.kind {
+                Some(pb::route_stream_request::Kind::Report(report)) => report,
+                _ => pb::ReportRequest::default(),
+            })
+    }
+}
+
+fn report_message(report: pb::ReportRequest) -> pb::RouteStreamRequest {
+    pb::RouteStreamRequest {
+        kind: Some(pb::route_stream_request::Kind::Report(report)),
     }
 }
 
@@ -87,7 +87,7 @@ impl RouteChannel {
 /// the request queued): the replica takes the request out of its queue, or frees it when the
 /// decision was already made, instead of holding its load until expiry.
 struct AbandonOnDrop<'a> {
-    tx: &'a mpsc::Sender<Outgoing>,
+    stream: &'a StreamClient<RouteStreamProtocol>,
     model: String,
     request_id: String,
     is_armed: bool,
@@ -105,7 +105,101 @@ impl Drop for AbandonOnDrop<'_> {
             ..Default::default()
         };
         // Best effort: a full or closed stream leaves the request to expiry.
-        let _ = self.tx.try_send(Outgoing::Report(report));
+        let _ = self.stream.try_cast(report_message(report));
+    }
+}
+
+/// The `RouteStream` protocol: routes answered by request id, reports without an answer, and
+/// after a failure the resend of what the replica may have lost.
+struct RouteStreamProtocol {
+    client: RouterClient<tonic::transport::Channel>,
+    /// Terminal reports the current stream took, newest last, at most [`RECENT_ENDS`].
+    recent_ends: VecDeque<pb::ReportRequest>,
+}
+
+impl StreamProtocol for RouteStreamProtocol {
+    type Outgoing = pb::RouteStreamRequest;
+    type Incoming = pb::RouteStreamResponse;
+    type Answer = pb::RouteResponse;
+    /// (request id, model); answers carry the request id, the model goes in a resend.
+    type Key = RouteKey;
+
+    async fn open(
+        &mut self,
+        outgoing: ReceiverStream<pb::RouteStreamRequest>,
+    ) -> Result<Incoming<pb::RouteStreamResponse>, tonic::Status> {
+        Ok(self
+            .client
+            .route_stream(outgoing)
+            .await?
+            .into_inner()
+            .boxed())
+    }
+
+    fn key(&self, message: &pb::RouteStreamRequest) -> Option<RouteKey> {
+        match &message.kind {
+            Some(pb::route_stream_request::Kind::Route(route)) => Some(RouteKey {
+                request_id: route.request_id.clone(),
+                model: route.model.clone(),
+            }),
+            _ => None,
+        }
+    }
+
+    fn answer(&self, answer: pb::RouteStreamResponse) -> (Answers<RouteKey>, RouteAnswer) {
+        let result = match answer.result {
+            Some(pb::route_stream_response::Result::Decision(decision)) => Ok(decision),
+            Some(pb::route_stream_response::Result::Failure(failure)) => {
+                Err(wire::failure_from_proto(failure))
+            }
+            None => Err(kvmesh_runtime::ErrorCode::Internal.to_status("empty route answer")),
+        };
+        let key = RouteKey {
+            request_id: answer.request_id,
+            model: String::new(),
+        };
+        (Answers::Key(key), result)
+    }
+
+    fn opened(&mut self) {
+        self.recent_ends.clear();
+    }
+
+    fn sent(&mut self, message: &pb::RouteStreamRequest) {
+        if let Some(pb::route_stream_request::Kind::Report(report)) = &message.kind
+            && report.terminal != 0
+        {
+            if self.recent_ends.len() == RECENT_ENDS {
+                self.recent_ends.pop_front();
+            }
+            self.recent_ends.push_back(report.clone());
+        }
+    }
+
+    fn failed(&mut self, unanswered: Vec<RouteKey>) {
+        resend_after_failure(&self.client, &mut self.recent_ends, unanswered);
+    }
+}
+
+/// A route's request id (what its answer is matched by) and model (what a resend needs).
+/// Equal and hashed by request id alone: request ids are never reused.
+#[derive(Clone, Debug)]
+struct RouteKey {
+    request_id: String,
+    model: String,
+}
+
+impl PartialEq for RouteKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.request_id == other.request_id
+    }
+}
+
+impl Eq for RouteKey {}
+
+impl std::hash::Hash for RouteKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.request_id.hash(state);
     }
 }
 
@@ -120,19 +214,15 @@ const RECENT_ENDS: usize = 1024;
 fn resend_after_failure(
     client: &RouterClient<tonic::transport::Channel>,
     recent_ends: &mut VecDeque<pb::ReportRequest>,
-    unanswered: Vec<(String, String)>,
+    unanswered: Vec<RouteKey>,
 ) {
     let mut reports: Vec<pb::ReportRequest> = recent_ends.drain(..).collect();
-    reports.extend(
-        unanswered
-            .into_iter()
-            .map(|(model, request_id)| pb::ReportRequest {
-                model,
-                request_id,
-                terminal: pb::TerminalPath::Disconnected as i32,
-                ..Default::default()
-            }),
-    );
+    reports.extend(unanswered.into_iter().map(|key| pb::ReportRequest {
+        model: key.model,
+        request_id: key.request_id,
+        terminal: pb::TerminalPath::Disconnected as i32,
+        ..Default::default()
+    }));
     if reports.is_empty() {
         return;
     }
@@ -145,101 +235,4 @@ fn resend_after_failure(
             }
         }
     });
-}
-
-async fn run_route_stream(
-    mut client: RouterClient<tonic::transport::Channel>,
-    mut rx: mpsc::Receiver<Outgoing>,
-    is_up: Arc<AtomicBool>,
-) {
-    let mut recent_ends: VecDeque<pb::ReportRequest> = VecDeque::new();
-    let mut waiting: HashMap<String, (String, oneshot::Sender<RouteAnswer>)> = HashMap::new();
-    // Fails every waiting route; returns their (model, request id).
-    let fail_all = |waiting: &mut HashMap<String, (String, oneshot::Sender<RouteAnswer>)>,
-                    status: &tonic::Status| {
-        waiting
-            .drain()
-            .map(|(request_id, (model, reply))| {
-                let _ = reply.send(Err(status.clone()));
-                (model, request_id)
-            })
-            .collect::<Vec<_>>()
-    };
-    let to_message = |outgoing: Outgoing,
-                      waiting: &mut HashMap<String, (String, oneshot::Sender<RouteAnswer>)>,
-                      recent_ends: &mut VecDeque<pb::ReportRequest>| {
-        let kind = match outgoing {
-            Outgoing::Route(request, reply) => {
-                waiting.insert(request.request_id.clone(), (request.model.clone(), reply));
-                pb::route_stream_request::Kind::Route(*request)
-            }
-            Outgoing::Report(report) => {
-                if report.terminal != 0 {
-                    if recent_ends.len() == RECENT_ENDS {
-                        recent_ends.pop_front();
-                    }
-                    recent_ends.push_back(report.clone());
-                }
-                pb::route_stream_request::Kind::Report(report)
-            }
-        };
-        pb::RouteStreamRequest { kind: Some(kind) }
-    };
-    loop {
-        let Some(first) = rx.recv().await else {
-            return;
-        };
-        recent_ends.clear();
-        let (out_tx, out_rx) = mpsc::channel(ROUTE_STREAM_QUEUE);
-        if out_tx
-            .try_send(to_message(first, &mut waiting, &mut recent_ends))
-            .is_err()
-        {
-            fail_all(
-                &mut waiting,
-                &kvmesh_runtime::ErrorCode::Unavailable.to_status("route stream closed"),
-            );
-            continue;
-        }
-        let mut answers = match client
-            .route_stream(tokio_stream::wrappers::ReceiverStream::new(out_rx))
-            .await
-        {
-            Ok(response) => response.into_inner(),
-            Err(status) => {
-                // Nothing reached the replica: no stream was opened.
-                fail_all(&mut waiting, &status);
-                continue;
-            }
-        };
-        is_up.store(true, Ordering::Release);
-        let failure = loop {
-            tokio::select! {
-                outgoing = rx.recv() => {
-                    let Some(outgoing) = outgoing else { return };
-                    if out_tx.send(to_message(outgoing, &mut waiting, &mut recent_ends)).await.is_err() {
-                        break kvmesh_runtime::ErrorCode::Unavailable.to_status("route stream closed");
-                    }
-                }
-                answer = answers.next() => match answer {
-                    Some(Ok(answer)) => {
-                        let Some((_, reply)) = waiting.remove(&answer.request_id) else { continue };
-                        let result = match answer.result {
-                            Some(pb::route_stream_response::Result::Decision(decision)) => Ok(decision),
-                            Some(pb::route_stream_response::Result::Failure(failure)) => {
-                                Err(wire::failure_from_proto(failure))
-                            }
-                            None => Err(kvmesh_runtime::ErrorCode::Internal.to_status("empty route answer")),
-                        };
-                        let _ = reply.send(result);
-                    }
-                    Some(Err(status)) => break status,
-                    None => break kvmesh_runtime::ErrorCode::Unavailable.to_status("route stream ended"),
-                },
-            }
-        };
-        is_up.store(false, Ordering::Release);
-        let unanswered = fail_all(&mut waiting, &failure);
-        resend_after_failure(&client, &mut recent_ends, unanswered);
-    }
 }
