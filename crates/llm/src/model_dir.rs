@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use crate::error::LlmError;
 use crate::template::{ChatTemplate, SpecialTokens};
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{Tokenizer, TokenizerEngine, samples};
 
 /// `config.json` keys that hold the context length, most specific first.
 const CONTEXT_LENGTH_KEYS: [&str; 7] = [
@@ -39,6 +39,8 @@ pub struct ModelDir {
     context_length: Option<u32>,
     vocab_size: usize,
     config: Value,
+    /// Why the requested tokenizer engine was not used, when it was not.
+    tokenizer_fallback: Option<String>,
 }
 
 impl ModelDir {
@@ -46,6 +48,13 @@ impl ModelDir {
     /// `chat_template.jinja` or `chat_template.json`, `generation_config.json` (all optional).
     /// The chat template is compiled here, so a broken one fails the load.
     pub fn load(path: impl AsRef<Path>) -> Result<Self, LlmError> {
+        Self::load_with(path, TokenizerEngine::Default)
+    }
+
+    /// [`Self::load`] with prompts encoded by `engine`. An engine other than the default that
+    /// cannot load the tokenizer, or does not reproduce the default's ids on the model's own
+    /// template output ([`samples::self_check_texts`]), is dropped with one warning naming why.
+    pub fn load_with(path: impl AsRef<Path>, engine: TokenizerEngine) -> Result<Self, LlmError> {
         let path = path.as_ref().to_path_buf();
         let tokenizer_path = path.join("tokenizer.json");
         if !tokenizer_path.is_file() {
@@ -79,9 +88,20 @@ impl ModelDir {
         {
             eos_token_ids.push(id);
         }
-        let tokenizer = tokenizer.with_eos_token_ids(eos_token_ids);
+        let mut tokenizer = tokenizer.with_eos_token_ids(eos_token_ids);
 
         let chat_template = load_chat_template(&path, &tokenizer_config, &special_tokens)?;
+        let mut tokenizer_fallback = None;
+        let checks = samples::self_check_texts(chat_template.as_ref());
+        if engine == TokenizerEngine::Fastokens {
+            if let Err(reason) = tokenizer.use_fastokens(&tokenizer_path, &checks) {
+                tracing::warn!(model = %path.display(), %reason, "--tokenizer fastokens unavailable for this model; using the default tokenizer");
+                tokenizer_fallback = Some(reason);
+            }
+        }
+        if let Err(reason) = tokenizer.check_prefix_cuts(&checks) {
+            tracing::info!(model = %path.display(), %reason, "prompt prefix cache off for this model");
+        }
         let context_length = context_length(&config).or_else(|| {
             tokenizer_config
                 .get("model_max_length")
@@ -100,7 +120,13 @@ impl ModelDir {
             context_length,
             vocab_size,
             config,
+            tokenizer_fallback,
         })
+    }
+
+    /// Why the engine asked of [`Self::load_with`] is not the one encoding, if it is not.
+    pub fn tokenizer_fallback(&self) -> Option<&str> {
+        self.tokenizer_fallback.as_deref()
     }
 
     /// The directory this was loaded from.

@@ -1,17 +1,60 @@
-//! A shared, thread-safe wrapper over a Hugging Face `tokenizers` tokenizer.
+//! A shared, thread-safe wrapper over a Hugging Face `tokenizers` tokenizer, optionally
+//! encoding with the `fastokens` BPE engine (docs/tokenization.md).
 
 use std::path::Path;
 
 use crate::error::LlmError;
+
+pub mod boundaries;
+pub mod samples;
+
+use boundaries::Boundaries;
+
+/// Which engine encodes prompts (`--tokenizer`, `DYN_TOKENIZER`). Decoding always uses the
+/// Hugging Face tokenizer: it is incremental-safe and shares the vocabulary.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TokenizerEngine {
+    /// Hugging Face `tokenizers`.
+    #[default]
+    Default,
+    /// The `fastokens` BPE engine, checked against the Hugging Face one at load.
+    Fastokens,
+}
+
+impl std::str::FromStr for TokenizerEngine {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        match value {
+            "default" => Ok(Self::Default),
+            "fastokens" => Ok(Self::Fastokens),
+            other => Err(format!(
+                "unknown tokenizer {other:?} (expected default or fastokens)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for TokenizerEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Default => "default",
+            Self::Fastokens => "fastokens",
+        })
+    }
+}
 
 /// A loaded tokenizer plus what the serving path needs to know about its vocabulary: which ids
 /// are added (special) tokens and which ids end a generation.
 ///
 /// It is `Send + Sync` and immutable after construction: load it once per model and share it
 /// with `Arc` across requests; nothing is reloaded per request.
-#[derive(Debug)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// The `fastokens` encoder, when it is the engine and passed its self-check.
+    fast: Option<fastokens::Tokenizer>,
+    /// Where prompts may be cut for the prefix cache; `None` when nowhere is safe.
+    boundaries: Option<Boundaries>,
     /// Every added token id (special or not), sorted: the mock engine draws outside this set.
     added_token_ids: Vec<u32>,
     /// Added token ids flagged `special`, sorted.
@@ -48,8 +91,11 @@ impl Tokenizer {
             .collect();
         special_token_ids.sort_unstable();
         let vocab_size = inner.get_vocab_size(true);
+        let boundaries = Boundaries::build(&inner);
         Self {
             inner,
+            fast: None,
+            boundaries,
             added_token_ids,
             special_token_ids,
             eos_token_ids: Vec::new(),
@@ -67,13 +113,84 @@ impl Tokenizer {
         self
     }
 
+    /// Encodes with `fastokens` from now on, when it can: it loads the `tokenizer.json` at
+    /// `path`, and on every text of `checks` (and each with the post-processor applied) gives
+    /// exactly the Hugging Face ids. Otherwise keeps the default engine and returns why.
+    pub fn use_fastokens(&mut self, path: &Path, checks: &[String]) -> Result<(), String> {
+        let fast = fastokens::Tokenizer::from_file(path).map_err(|e| e.to_string())?;
+        for text in checks {
+            for add_special_tokens in [false, true] {
+                let expected = self.encode_default(text, add_special_tokens)?;
+                let got = fast
+                    .encode_with_special_tokens(text, add_special_tokens)
+                    .map_err(|e| e.to_string())?;
+                if got != expected {
+                    let at = got.iter().zip(&expected).take_while(|(a, b)| a == b).count();
+                    return Err(format!(
+                        "self-check differs from the default encoder at token {at} of {}",
+                        expected.len()
+                    ));
+                }
+            }
+        }
+        self.fast = Some(fast);
+        Ok(())
+    }
+
+    /// Keeps the prefix-cache cut points only if, on every text of `checks`, encoding the two
+    /// sides of each cut gives the ids of the whole (a pre-tokenizer that treats the start of
+    /// its input specially, as a Metaspace `first` scheme does, fails this). Returns why not.
+    pub fn check_prefix_cuts(&mut self, checks: &[String]) -> Result<(), String> {
+        let Some(boundaries) = &self.boundaries else {
+            return Err("the tokenizer has no special token to cut prompts after".into());
+        };
+        for text in checks {
+            let whole = self.encode(text, false).map_err(|e| e.to_string())?;
+            for cut in boundaries.find(text) {
+                let mut parts = self.encode(&text[..cut], false).map_err(|e| e.to_string())?;
+                parts.extend(self.encode(&text[cut..], false).map_err(|e| e.to_string())?);
+                if parts != whole {
+                    self.boundaries = None;
+                    return Err(format!("cutting after byte {cut} changes the tokenization"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Where prompts may be cut for the prefix cache, when anywhere.
+    pub fn boundaries(&self) -> Option<&Boundaries> {
+        self.boundaries.as_ref()
+    }
+
+    /// The engine that encodes.
+    pub fn engine(&self) -> TokenizerEngine {
+        if self.fast.is_some() {
+            TokenizerEngine::Fastokens
+        } else {
+            TokenizerEngine::Default
+        }
+    }
+
     /// Token ids of `text`. `add_special_tokens` applies the post-processor (BOS and the like);
     /// chat prompts rendered by a template already contain them and pass `false`.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, LlmError> {
+        match &self.fast {
+            Some(fast) => fast
+                .encode_with_special_tokens(text, add_special_tokens)
+                .map_err(LlmError::tokenizer),
+            None => self
+                .encode_default(text, add_special_tokens)
+                .map_err(LlmError::Tokenizer),
+        }
+    }
+
+    /// Token ids of `text` from the Hugging Face encoder.
+    fn encode_default(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String> {
         let encoding = self
             .inner
             .encode_fast(text, add_special_tokens)
-            .map_err(LlmError::tokenizer)?;
+            .map_err(|e| e.to_string())?;
         Ok(encoding.get_ids().to_vec())
     }
 
@@ -136,6 +253,16 @@ impl Tokenizer {
     /// The wrapped tokenizer, for anything this wrapper does not cover.
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
+    }
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("engine", &self.engine())
+            .field("vocab_size", &self.vocab_size)
+            .field("eos_token_ids", &self.eos_token_ids)
+            .finish_non_exhaustive()
     }
 }
 
