@@ -93,11 +93,11 @@ impl ModelDir {
         let chat_template = load_chat_template(&path, &tokenizer_config, &special_tokens)?;
         let mut tokenizer_fallback = None;
         let checks = samples::self_check_texts(chat_template.as_ref());
-        if engine == TokenizerEngine::Fastokens {
-            if let Err(reason) = tokenizer.use_fastokens(&tokenizer_path, &checks) {
-                tracing::warn!(model = %path.display(), %reason, "--tokenizer fastokens unavailable for this model; using the default tokenizer");
-                tokenizer_fallback = Some(reason);
-            }
+        if engine == TokenizerEngine::Fastokens
+            && let Err(reason) = tokenizer.use_fastokens(&tokenizer_path, &checks)
+        {
+            tracing::warn!(model = %path.display(), %reason, "--tokenizer fastokens unavailable for this model; using the default tokenizer");
+            tokenizer_fallback = Some(reason);
         }
         if let Err(reason) = tokenizer.check_prefix_cuts(&checks) {
             tracing::info!(model = %path.display(), %reason, "prompt prefix cache off for this model");

@@ -125,7 +125,11 @@ impl Tokenizer {
                     .encode_with_special_tokens(text, add_special_tokens)
                     .map_err(|e| e.to_string())?;
                 if got != expected {
-                    let at = got.iter().zip(&expected).take_while(|(a, b)| a == b).count();
+                    let at = got
+                        .iter()
+                        .zip(&expected)
+                        .take_while(|(a, b)| a == b)
+                        .count();
                     return Err(format!(
                         "self-check differs from the default encoder at token {at} of {}",
                         expected.len()
@@ -147,8 +151,13 @@ impl Tokenizer {
         for text in checks {
             let whole = self.encode(text, false).map_err(|e| e.to_string())?;
             for cut in boundaries.find(text) {
-                let mut parts = self.encode(&text[..cut], false).map_err(|e| e.to_string())?;
-                parts.extend(self.encode(&text[cut..], false).map_err(|e| e.to_string())?);
+                let mut parts = self
+                    .encode(&text[..cut], false)
+                    .map_err(|e| e.to_string())?;
+                parts.extend(
+                    self.encode(&text[cut..], false)
+                        .map_err(|e| e.to_string())?,
+                );
                 if parts != whole {
                     self.boundaries = None;
                     return Err(format!("cutting after byte {cut} changes the tokenization"));

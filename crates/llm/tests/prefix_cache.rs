@@ -39,7 +39,11 @@ fn render(model: &ModelDir, messages: &[(String, String)], add_generation_prompt
         "add_generation_prompt": add_generation_prompt,
     }))
     .unwrap();
-    model.require_chat_template().unwrap().render_request(&request).unwrap()
+    model
+        .require_chat_template()
+        .unwrap()
+        .render_request(&request)
+        .unwrap()
 }
 
 fn message_strategy() -> impl Strategy<Value = String> {
@@ -101,7 +105,11 @@ fn a_later_turn_reuses_the_earlier_turns_tokens() {
     let ids = cache.encode(model.tokenizer(), &second).unwrap();
     let stats = cache.stats();
     assert_eq!(stats.hits, 1);
-    assert!(stats.reused_tokens as usize * 10 > ids.len() * 9, "{stats:?} of {}", ids.len());
+    assert!(
+        stats.reused_tokens as usize * 10 > ids.len() * 9,
+        "{stats:?} of {}",
+        ids.len()
+    );
     // The extended prompt replaced the one it extends.
     assert_eq!(stats.entries, 1);
 }
@@ -118,7 +126,11 @@ fn the_cache_stays_within_its_byte_bound_under_churn() {
         let prompt = render(&model, &[("user".into(), format!("{n}: {content}"))], true);
         let expected = model.tokenizer().encode(&prompt, false).unwrap();
         assert_eq!(cache.encode(model.tokenizer(), &prompt).unwrap(), expected);
-        assert!(cache.stats().bytes as usize <= max_bytes, "{:?}", cache.stats());
+        assert!(
+            cache.stats().bytes as usize <= max_bytes,
+            "{:?}",
+            cache.stats()
+        );
     }
     assert!(cache.stats().entries > 1);
 }

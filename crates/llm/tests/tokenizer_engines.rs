@@ -45,9 +45,17 @@ fn slices(text: &str, count: usize, len: usize) -> Vec<&str> {
 
 fn assert_same_ids(default: &ModelDir, fast: &ModelDir, text: &str) {
     for add_special_tokens in [false, true] {
-        let expected = default.tokenizer().encode(text, add_special_tokens).unwrap();
+        let expected = default
+            .tokenizer()
+            .encode(text, add_special_tokens)
+            .unwrap();
         let got = fast.tokenizer().encode(text, add_special_tokens).unwrap();
-        assert_eq!(got, expected, "ids differ for {:?}", &text[..text.len().min(80)]);
+        assert_eq!(
+            got,
+            expected,
+            "ids differ for {:?}",
+            &text[..text.len().min(80)]
+        );
     }
 }
 

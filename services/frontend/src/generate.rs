@@ -15,6 +15,7 @@ use kvmesh_routing::RoutingHints;
 use crate::error::FrontendError;
 use crate::models::ModelEntry;
 use crate::pipeline::OutputProcessor;
+use crate::preprocess::RequestTimer;
 
 /// Token accounting reported to the client.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -65,6 +66,8 @@ pub fn text_deltas(
     mut output: OutputProcessor,
     num_prompt_tokens: u32,
     metrics: crate::metrics::ModelMetrics,
+    mut timer: RequestTimer,
+    request_id: String,
 ) -> impl Stream<Item = Result<TextDelta, FrontendError>> + Send {
     let begin = Instant::now();
     async_stream::stream! {
@@ -83,7 +86,10 @@ pub fn text_deltas(
             if !response.token_ids.is_empty() {
                 let now = Instant::now();
                 match last_token_at {
-                    None => metrics.ttft.observe(now.duration_since(begin).as_secs_f64()),
+                    None => {
+                        metrics.ttft.observe(now.duration_since(begin).as_secs_f64());
+                        timer.first_token(&request_id);
+                    }
                     Some(previous) => metrics.itl.observe(now.duration_since(previous).as_secs_f64()),
                 }
                 last_token_at = Some(now);
@@ -96,7 +102,9 @@ pub fn text_deltas(
             }
             let num_tokens = response.token_ids.len() as u32;
             usage.completion_tokens += num_tokens;
+            let detokenizing = Instant::now();
             let step = output.push_tokens(&response.token_ids);
+            timer.detokenize_latency().observe(detokenizing.elapsed().as_secs_f64() * 1000.0);
             let finish = FinishReason::try_from(response.finish_reason).unwrap_or(FinishReason::Unspecified);
             if step.stopped {
                 generation.complete();

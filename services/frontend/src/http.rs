@@ -52,6 +52,8 @@ pub struct AppState {
     pub models: ModelTable,
     /// Metrics.
     pub metrics: FrontendMetrics,
+    /// Tokenizer engine, prefix cache, preprocessing pool and stage timings.
+    pub preprocess: Arc<crate::preprocess::Preprocess>,
     /// Settings.
     pub settings: HttpSettings,
     /// In-flight request counter, drained on shutdown.

@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod models;
 pub mod opts;
 pub mod pipeline;
+pub mod preprocess;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -57,6 +58,7 @@ pub async fn run(
             }
         };
     let table = models::empty_table();
+    let preprocess = Arc::new(preprocess_settings(args, &metrics)?);
 
     let watcher = WatcherConfig {
         namespaces: NamespaceFilter::from_flags(
@@ -83,6 +85,7 @@ pub async fn run(
         router_addresses: args.router_addresses.clone(),
         migration_limit: args.migration_limit,
         migration_max_seq_len: args.migration_max_seq_len,
+        preprocess: preprocess.clone(),
     };
     let mut lifecycle = ServiceLifecycle::new("frontend");
     if router_config.kv.serve_indexer {
@@ -113,6 +116,7 @@ pub async fn run(
     let state = Arc::new(AppState {
         models: table,
         metrics,
+        preprocess,
         settings: HttpSettings {
             body_limit_mb: http.http_body_limit_mb,
             overload_status: http.http_overload_status_code,
@@ -179,4 +183,28 @@ pub async fn run(
         })
         .await;
     Ok(stopped?)
+}
+
+/// The process's preprocessing from the tokenizer flags.
+fn preprocess_settings(
+    args: &opts::FrontendArgs,
+    metrics: &FrontendMetrics,
+) -> anyhow::Result<preprocess::Preprocess> {
+    if args.tokenizer == opts::TokenizerChoice::Basetenkenizer {
+        tracing::info!("--tokenizer basetenkenizer: encoding with fastokens");
+    }
+    let workers = match args.dyn_preprocess_workers {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n as usize,
+    };
+    let stages = preprocess::StageMetrics::new(&args.metrics_prefix, &metrics.registry)
+        .context("register stage metrics")?;
+    Ok(preprocess::Preprocess::new(
+        args.tokenizer.engine(),
+        !args.tokenizer_fallback,
+        usize::try_from(args.tokenizer_cache_mb.saturating_mul(1024 * 1024)).unwrap_or(usize::MAX),
+        workers,
+        args.dyn_debug_perf,
+        stages,
+    ))
 }

@@ -20,6 +20,7 @@ use crate::error::FrontendError;
 use crate::metrics::{FrontendMetrics, ModelConfig, ModelMetrics};
 use crate::opts::RemoteRouterMode;
 use crate::pipeline::Pipeline;
+use crate::preprocess::Preprocess;
 
 /// How long a model stays listed (answering 503) after its last worker left.
 pub const MODEL_GRACE: Duration = Duration::from_secs(30);
@@ -107,6 +108,8 @@ pub struct WatcherConfig {
     pub migration_limit: u32,
     /// `--migration-max-seq-len`.
     pub migration_max_seq_len: Option<u32>,
+    /// Tokenizer engine, prefix cache and preprocessing pool of every model.
+    pub preprocess: Arc<Preprocess>,
 }
 
 struct ModelState {
@@ -180,7 +183,7 @@ pub async fn watch_models(
     metrics: FrontendMetrics,
     config: WatcherConfig,
     shutdown: CancellationToken,
-) -> Result<(), FrontendError> {
+) -> Result<(), fleet::WatchError> {
     let clients = Clients {
         indexes: IndexSources::new(
             config.discovery.clone(),
@@ -202,9 +205,7 @@ pub async fn watch_models(
         models: HashMap::new(),
         pipelines: HashMap::new(),
     };
-    fleet::watch_fleet(discovery, namespaces, served, shutdown)
-        .await
-        .map_err(|e| FrontendError::Internal(e.to_string()))
+    fleet::watch_fleet(discovery, namespaces, served, shutdown).await
 }
 
 /// The frontend's side of the one model-table watcher: a pipeline and a routing seam per model.
@@ -219,7 +220,11 @@ struct ServedModels {
 }
 
 impl FleetTable for ServedModels {
-    async fn reconcile(&mut self, records: &DiscoveredRecords, shutdown: &CancellationToken) {
+    async fn reconcile(
+        &mut self,
+        records: &DiscoveredRecords,
+        shutdown: &CancellationToken,
+    ) -> Result<(), fleet::WatchError> {
         reconcile(
             records,
             &mut self.models,
@@ -229,7 +234,7 @@ impl FleetTable for ServedModels {
             &self.config,
             shutdown,
         )
-        .await;
+        .await
     }
 
     /// Ages every router's load and unlists a model [`MODEL_GRACE`] after its last worker left.
@@ -265,7 +270,7 @@ async fn reconcile(
     metrics: &FrontendMetrics,
     config: &WatcherConfig,
     shutdown: &CancellationToken,
-) {
+) -> Result<(), fleet::WatchError> {
     let serving = known.serving();
     for (name, records) in &serving {
         if !models.contains_key(name) {
@@ -276,10 +281,16 @@ async fn reconcile(
             let source = model_source(&card, name, config);
             let pipeline = match pipelines.get(&source) {
                 Some(pipeline) => pipeline.clone(),
-                None => match load_pipeline(&source, &card).await {
+                None => match load_pipeline(&source, &card, &config.preprocess).await {
                     Ok(pipeline) => {
                         pipelines.insert(source.clone(), pipeline.clone());
                         pipeline
+                    }
+                    Err(error) if config.preprocess.strict_engine => {
+                        return Err(fleet::WatchError::Fatal(format!(
+                            "cannot load model {name} from {}: {error}",
+                            source.display()
+                        )));
                     }
                     Err(error) => {
                         tracing::error!(model = %name, path = %source.display(), %error, "cannot load model");
@@ -365,6 +376,7 @@ async fn reconcile(
             _ => {}
         }
     }
+    Ok(())
 }
 
 fn model_config(card: &ModelCard, config: &WatcherConfig) -> ModelConfig {
@@ -391,10 +403,15 @@ fn model_source(card: &ModelCard, name: &str, config: &WatcherConfig) -> PathBuf
     }
 }
 
-async fn load_pipeline(path: &Path, card: &ModelCard) -> Result<Arc<Pipeline>, String> {
+async fn load_pipeline(
+    path: &Path,
+    card: &ModelCard,
+    preprocess: &Arc<Preprocess>,
+) -> Result<Arc<Pipeline>, String> {
     let path = path.to_path_buf();
     let card = card.clone();
-    tokio::task::spawn_blocking(move || Pipeline::load(&path, &card).map(Arc::new))
+    let preprocess = preprocess.clone();
+    tokio::task::spawn_blocking(move || Pipeline::load(&path, &card, &preprocess).map(Arc::new))
         .await
         .map_err(|e| format!("model load task failed: {e}"))?
         .map_err(|e| e.to_string())

@@ -48,6 +48,29 @@ pub struct FrontendArgs {
     #[arg(long, env = "DYN_MODEL_PATH", value_parser = existing_dir)]
     pub model_path: Option<PathBuf>,
 
+    /// Prompt encoder: `default` (Hugging Face tokenizers) or `fastokens` (checked against the
+    /// default on the model's own template output at load, else the default with a warning);
+    /// `basetenkenizer` is taken as `fastokens`.
+    #[arg(long, env = "DYN_TOKENIZER", value_enum, default_value_t = TokenizerChoice::Default)]
+    pub tokenizer: TokenizerChoice,
+
+    /// With `false`, a model `--tokenizer fastokens` cannot serve stops the frontend instead of
+    /// falling back to the default tokenizer.
+    #[arg(long, env = "DYN_TOKENIZER_FALLBACK", default_value = "true", value_parser = kvmesh_core::flags::parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub tokenizer_fallback: bool,
+
+    /// Bytes the process-wide prompt prefix cache may hold, in MiB (0 = off).
+    #[arg(long, env = "KVMESH_TOKENIZER_CACHE_MB", default_value_t = 256)]
+    pub tokenizer_cache_mb: u64,
+
+    /// Threads that tokenize large prompts off the I/O threads (0 = one per CPU).
+    #[arg(long, env = "DYN_PREPROCESS_WORKERS", default_value_t = 0)]
+    pub dyn_preprocess_workers: u32,
+
+    /// Log every request's stage timings (template, tokenize, route, first token).
+    #[arg(long, env = "DYN_DEBUG_PERF", default_value = "false", value_parser = kvmesh_core::flags::parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub dyn_debug_perf: bool,
+
     /// Tokens per KV block for hashing (default: the worker's card).
     #[arg(long, env = "DYN_KV_CACHE_BLOCK_SIZE", value_parser = clap::value_parser!(u32).range(1..))]
     pub kv_cache_block_size: Option<u32>,
@@ -130,6 +153,29 @@ pub struct HttpOpts {
     /// worker accepted the request (Dynamo sets this only by environment; the flag is kvmesh's).
     #[arg(long, env = "DYN_HTTP_PRE_COMMIT_ERROR_PEEK_MS", hide = true)]
     pub http_pre_commit_error_peek_ms: Option<u64>,
+}
+
+/// `--tokenizer` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TokenizerChoice {
+    /// Hugging Face `tokenizers`.
+    Default,
+    /// The `fastokens` engine.
+    Fastokens,
+    /// Another engine's name for `fastokens`'s role; served by `fastokens`.
+    Basetenkenizer,
+}
+
+impl TokenizerChoice {
+    /// The engine that serves this choice.
+    pub fn engine(self) -> kvmesh_llm::TokenizerEngine {
+        match self {
+            TokenizerChoice::Default => kvmesh_llm::TokenizerEngine::Default,
+            TokenizerChoice::Fastokens | TokenizerChoice::Basetenkenizer => {
+                kvmesh_llm::TokenizerEngine::Fastokens
+            }
+        }
+    }
 }
 
 fn non_empty(value: &str) -> Result<String, String> {

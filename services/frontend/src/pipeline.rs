@@ -4,6 +4,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Instant;
 
 use kvmesh_llm::openai::{ChatCompletionRequest, SamplingOptions};
 use kvmesh_llm::{Detokenizer, LlmError, ModelDir, StopMatcher, Tokenizer};
@@ -13,17 +14,34 @@ use kvmesh_proto::v1::{
 };
 
 use crate::error::FrontendError;
+use crate::preprocess::{Preprocess, RequestTimer, Stage};
 
 /// A model's tokenizer, template and limits.
 pub struct Pipeline {
     model: ModelDir,
     context_length: u32,
+    preprocess: Arc<Preprocess>,
 }
 
 impl Pipeline {
-    /// Loads the model directory; the card's context length wins over the directory's config.
-    pub fn load(path: &Path, card: &ModelCard) -> Result<Self, LlmError> {
-        let model = ModelDir::load(path)?;
+    /// Loads the model directory with the process's tokenizer engine; the card's context length
+    /// wins over the directory's config. With `--tokenizer-fallback false` a model the engine
+    /// cannot serve fails to load.
+    pub fn load(
+        path: &Path,
+        card: &ModelCard,
+        preprocess: &Arc<Preprocess>,
+    ) -> Result<Self, LlmError> {
+        let model = ModelDir::load_with(path, preprocess.engine)?;
+        if let Some(reason) = model.tokenizer_fallback()
+            && preprocess.strict_engine
+        {
+            return Err(LlmError::Tokenizer(format!(
+                "--tokenizer {} cannot serve {} (--tokenizer-fallback is off): {reason}",
+                preprocess.engine,
+                path.display()
+            )));
+        }
         let context_length = if card.context_length > 0 {
             card.context_length
         } else {
@@ -32,6 +50,7 @@ impl Pipeline {
         Ok(Self {
             model,
             context_length,
+            preprocess: preprocess.clone(),
         })
     }
 
@@ -45,16 +64,38 @@ impl Pipeline {
         self.context_length
     }
 
-    /// Renders the chat template for a request and tokenizes the prompt.
-    pub fn chat_prompt(&self, request: &ChatCompletionRequest) -> Result<Vec<u32>, FrontendError> {
+    /// The process's preprocessing (engine, prefix cache, pool, stage metrics).
+    pub fn preprocess(&self) -> &Arc<Preprocess> {
+        &self.preprocess
+    }
+
+    /// Renders the chat template for a request and tokenizes the prompt through the prefix
+    /// cache, a large one on the preprocessing pool.
+    pub async fn chat_prompt(
+        &self,
+        request: &ChatCompletionRequest,
+        timer: &mut RequestTimer,
+    ) -> Result<Vec<u32>, FrontendError> {
         let template = self.model.require_chat_template()?;
+        let rendering = Instant::now();
         let text = template.render_request(request)?;
-        encode_off_runtime(&text, || self.tokenizer().encode(&text, false))
+        timer.record(Stage::Template, rendering.elapsed());
+        let tokenizing = Instant::now();
+        let ids = self.preprocess.encode_chat(self.tokenizer(), text).await?;
+        timer.record(Stage::Tokenize, tokenizing.elapsed());
+        Ok(ids)
     }
 
     /// Tokenizes a raw text prompt (completions), adding the tokenizer's special tokens.
-    pub fn text_prompt(&self, text: &str) -> Result<Vec<u32>, FrontendError> {
-        encode_off_runtime(text, || self.tokenizer().encode(text, true))
+    pub async fn text_prompt(
+        &self,
+        text: &str,
+        timer: &mut RequestTimer,
+    ) -> Result<Vec<u32>, FrontendError> {
+        let tokenizing = Instant::now();
+        let ids = self.preprocess.encode_text(self.tokenizer(), text).await?;
+        timer.record(Stage::Tokenize, tokenizing.elapsed());
+        Ok(ids)
     }
 
     /// Decodes prompt tokens back to text (completions `echo`).
@@ -193,26 +234,6 @@ impl OutputProcessor {
         }
         text
     }
-}
-
-/// Prompt text above which tokenizing leaves the async worker thread: a prompt near the body
-/// limit takes seconds to encode, and must not stall every other stream on that thread.
-const LARGE_PROMPT_BYTES: usize = 256 * 1024;
-
-/// Runs `encode` in place, or for a large `text` on a multi-threaded runtime, as blocking work
-/// (the runtime moves its other tasks to another thread meanwhile).
-fn encode_off_runtime(
-    text: &str,
-    encode: impl FnOnce() -> Result<Vec<u32>, LlmError>,
-) -> Result<Vec<u32>, FrontendError> {
-    let is_multi_thread = tokio::runtime::Handle::try_current()
-        .is_ok_and(|handle| handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-    let ids = if text.len() > LARGE_PROMPT_BYTES && is_multi_thread {
-        tokio::task::block_in_place(encode)
-    } else {
-        encode()
-    };
-    Ok(ids?)
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@
 mod stream;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use kvmesh_proto::v1::{FinishReason, GenerateRequest, GenerateResponse};
@@ -177,6 +177,7 @@ impl ModelRouter {
         let mut tried: Vec<u64> = Vec::new();
         let mut request = Some(request);
         let mut last_error = None;
+        let mut timings = StartTimings::default();
         for attempt in 0..num_attempts {
             if !tried.is_empty() {
                 let allowed = untried_workers(
@@ -206,7 +207,9 @@ impl ModelRouter {
                 cache_salt: options.cache_salt.as_deref(),
                 hints: hints.clone(),
             };
+            let deciding = Instant::now();
             let lease = self.inner.decider.decide(&route_request).await?;
+            timings.route += deciding.elapsed();
             let decision = lease.decision();
             let worker_id = decision.worker_id;
             if let Some(rank) = decision.dp_rank {
@@ -219,9 +222,13 @@ impl ModelRouter {
                 last_error = Some(RouteError::NoEndpoint);
                 continue;
             };
-            match start_on(worker, this_request, options).await {
+            let dispatching = Instant::now();
+            let outcome = start_on(worker, this_request, options).await;
+            timings.dispatch += dispatching.elapsed();
+            match outcome {
                 Ok(mut started) => {
                     started.lease = Some(lease);
+                    started.timings = timings;
                     return Ok(started);
                 }
                 Err(error) if is_unreachable(&error) => {
@@ -248,6 +255,16 @@ pub(crate) struct Started {
     pub(crate) first: Option<GenerateResponse>,
     pub(crate) stream: ResponseStream,
     pub(crate) lease: Option<Box<dyn RouteLease>>,
+    pub(crate) timings: StartTimings,
+}
+
+/// Where the start of a generation spent its time, every attempt included.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StartTimings {
+    /// Routing decisions (block hashing and overlap lookups included).
+    pub route: Duration,
+    /// From a decision to the worker's answer (its first response when the start waits).
+    pub dispatch: Duration,
 }
 
 fn is_unreachable(error: &RouteError) -> bool {
@@ -314,6 +331,7 @@ async fn start_on(
         first,
         stream,
         lease: None,
+        timings: StartTimings::default(),
     })
 }
 

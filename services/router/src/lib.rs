@@ -27,7 +27,7 @@ pub mod wire;
 pub use decider::{LocalDecider, RemoteRouterMode, ReplicaDecider, RouteDecider, RouteLease};
 pub use generation::{
     FirstResponseWait, GenerateOptions, Generation, GenerationObserver, MigrationPolicy,
-    ModelRouter, NoObserver, WorkerRef,
+    ModelRouter, NoObserver, StartTimings, WorkerRef,
 };
 pub use remote::{RemoteLease, RemoteRouters};
 pub use routing::route_with_index;

@@ -116,8 +116,13 @@ struct RoutedFleet {
 }
 
 impl FleetTable for RoutedFleet {
-    async fn reconcile(&mut self, records: &DiscoveredRecords, shutdown: &CancellationToken) {
+    async fn reconcile(
+        &mut self,
+        records: &DiscoveredRecords,
+        shutdown: &CancellationToken,
+    ) -> Result<(), fleet::WatchError> {
         reconcile(records, &mut self.models, &mut self.config, shutdown).await;
+        Ok(())
     }
 
     fn tick(&mut self) -> bool {

@@ -20,6 +20,7 @@ use crate::error::FrontendError;
 use crate::generate;
 use crate::models::find_model;
 use crate::pipeline::generate_request;
+use crate::preprocess::{RequestTimer, Stage};
 
 /// Handles a chat completion, streaming or unary.
 pub async fn chat_completions(
@@ -47,6 +48,7 @@ async fn handle(
     early: &mut EarlyRequest,
 ) -> Result<Response, FrontendError> {
     state.check_accepting()?;
+    let mut timer = RequestTimer::start(&state.preprocess);
     let body = body_bytes(state, body)?;
     let request: ChatCompletionRequest = parse_json(&body)?;
     early.parsed(state, &request.model, request.is_stream());
@@ -58,7 +60,7 @@ async fn handle(
     early.is_scoped = true;
     let mut scope = RequestScope::new(state, &entry, "chat_completions", stream);
     let started = async {
-        let prompt = entry.pipeline.chat_prompt(&request)?;
+        let prompt = entry.pipeline.chat_prompt(&request, &mut timer).await?;
         let max_tokens =
             entry
                 .pipeline
@@ -72,6 +74,7 @@ async fn handle(
             &sampling,
             max_tokens,
         );
+        timer.record_since_arrival(Stage::Preprocess);
         let started = generate::start(
             &entry,
             worker_request,
@@ -96,7 +99,15 @@ async fn handle(
         started.worker_id(),
         started.dp_rank(),
     );
-    let deltas = generate::text_deltas(started, output, num_prompt_tokens, entry.metrics.clone());
+    timer.record_started(&started);
+    let deltas = generate::text_deltas(
+        started,
+        output,
+        num_prompt_tokens,
+        entry.metrics.clone(),
+        timer,
+        request_id.to_string(),
+    );
     let id = format!("chatcmpl-{request_id}");
     let created = now_secs();
     let model = entry.name.clone();

@@ -21,6 +21,7 @@ use crate::error::FrontendError;
 use crate::generate;
 use crate::models::find_model;
 use crate::pipeline::generate_request;
+use crate::preprocess::{RequestTimer, Stage};
 
 /// Handles a text completion, streaming or unary.
 pub async fn completions(
@@ -74,6 +75,18 @@ fn check_prompt_shape(body: &Value) -> Result<(), FrontendError> {
     }
 }
 
+/// The typed request straight from the body; only a body that does not parse is read again as a
+/// JSON value, to say precisely what is wrong with it.
+fn parse_request(body: &[u8]) -> Result<CompletionRequest, FrontendError> {
+    if let Ok(request) = serde_json::from_slice::<CompletionRequest>(body) {
+        return Ok(request);
+    }
+    let value: Value = parse_json(body)?;
+    check_prompt_shape(&value)?;
+    serde_json::from_value(value)
+        .map_err(|e| FrontendError::invalid(format!("invalid request: {e}"), None))
+}
+
 async fn handle(
     state: &Arc<AppState>,
     request_id: &str,
@@ -82,11 +95,9 @@ async fn handle(
     early: &mut EarlyRequest,
 ) -> Result<Response, FrontendError> {
     state.check_accepting()?;
+    let mut timer = RequestTimer::start(&state.preprocess);
     let body = body_bytes(state, body)?;
-    let value: Value = parse_json(&body)?;
-    check_prompt_shape(&value)?;
-    let request: CompletionRequest = serde_json::from_value(value)
-        .map_err(|e| FrontendError::invalid(format!("invalid request: {e}"), None))?;
+    let request = parse_request(&body)?;
     early.parsed(state, &request.model, request.is_stream());
     request.validate()?;
     let sampling = request.sampling_options();
@@ -117,10 +128,11 @@ async fn handle(
     let mut scope = RequestScope::new(state, &entry, "completions", stream);
     let started = async {
         let prompt = match &request.prompt {
-            Prompt::Text(text) => entry.pipeline.text_prompt(text)?,
-            Prompt::Texts(texts) => entry
-                .pipeline
-                .text_prompt(texts.first().map(String::as_str).unwrap_or(""))?,
+            Prompt::Text(text) => entry.pipeline.text_prompt(text, &mut timer).await?,
+            Prompt::Texts(texts) => {
+                let text = texts.first().map(String::as_str).unwrap_or("");
+                entry.pipeline.text_prompt(text, &mut timer).await?
+            }
             Prompt::Tokens(tokens) => tokens.clone(),
             Prompt::TokenBatches(batches) => batches.first().cloned().unwrap_or_default(),
         };
@@ -161,6 +173,7 @@ async fn handle(
             &sampling,
             max_tokens,
         );
+        timer.record_since_arrival(Stage::Preprocess);
         let started = generate::start(
             &entry,
             worker_request,
@@ -185,7 +198,15 @@ async fn handle(
         started.worker_id(),
         started.dp_rank(),
     );
-    let deltas = generate::text_deltas(started, output, num_prompt_tokens, entry.metrics.clone());
+    timer.record_started(&started);
+    let deltas = generate::text_deltas(
+        started,
+        output,
+        num_prompt_tokens,
+        entry.metrics.clone(),
+        timer,
+        request_id.to_string(),
+    );
     let id = format!("cmpl-{request_id}");
     let created = now_secs();
     let model = entry.name.clone();

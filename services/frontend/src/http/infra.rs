@@ -62,6 +62,7 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .map(|entry| entry.router.queue_len())
         .sum();
     state.metrics.set_queue_pending(pending);
+    state.preprocess.publish_cache_stats();
     let text = kvmesh_runtime::telemetry::encode_metrics(&state.metrics.registry);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

@@ -19,12 +19,13 @@ pub const TICK: Duration = Duration::from_secs(1);
 
 /// A table of per-model routers that [`watch_fleet`] keeps current.
 pub trait FleetTable: Send {
-    /// Brings the models in line with `records` after discovery changed.
+    /// Brings the models in line with `records` after discovery changed; an error stops the
+    /// watcher (and so the process).
     fn reconcile(
         &mut self,
         records: &DiscoveredRecords,
         shutdown: &CancellationToken,
-    ) -> impl Future<Output = ()> + Send;
+    ) -> impl Future<Output = Result<(), WatchError>> + Send;
 
     /// Periodic upkeep; returns whether the published table must change.
     fn tick(&mut self) -> bool;
@@ -42,6 +43,9 @@ pub enum WatchError {
     /// The discovery watch stream ended: the table can no longer be kept current.
     #[error("discovery watch ended")]
     Ended,
+    /// A model could not be served as configured, and the configuration says not to go on.
+    #[error("{0}")]
+    Fatal(String),
 }
 
 /// Watches the records of `namespaces` and keeps `table` current until `shutdown`.
@@ -70,7 +74,7 @@ pub async fn watch_fleet<T: FleetTable>(
                     return Err(WatchError::Ended);
                 };
                 records.apply(change);
-                table.reconcile(&records, &shutdown).await;
+                table.reconcile(&records, &shutdown).await?;
                 table.publish();
             }
         }

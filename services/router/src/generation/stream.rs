@@ -9,8 +9,8 @@ use kvmesh_runtime::ErrorCode;
 use kvmesh_runtime::worker_client::ResponseStream;
 
 use super::{
-    GenerateOptions, ModelRouter, Started, is_migratable, worker_error, worker_failure,
-    worker_outcome,
+    GenerateOptions, ModelRouter, StartTimings, Started, is_migratable, worker_error,
+    worker_failure, worker_outcome,
 };
 use crate::decider::RouteLease;
 use crate::fleet::untried_workers;
@@ -46,6 +46,7 @@ pub struct Generation {
     is_first_token_reported: bool,
     has_migrated: bool,
     is_done: bool,
+    timings: StartTimings,
 }
 
 impl Generation {
@@ -61,6 +62,7 @@ impl Generation {
             first: started.first,
             stream: started.stream,
             lease: started.lease,
+            timings: started.timings,
             resume,
             silence_limit,
             prompt_len,
@@ -79,6 +81,11 @@ impl Generation {
     /// Its data-parallel rank.
     pub fn dp_rank(&self) -> u32 {
         self.dp_rank
+    }
+
+    /// Where the first start spent its time.
+    pub fn timings(&self) -> StartTimings {
+        self.timings
     }
 
     /// The next response; `None` after the last one. A response after a migration reports the
