@@ -19,6 +19,9 @@ pub enum BenchCommand {
     /// Route calls per second of one `kvmesh-router` replica over gRPC on loopback (each
     /// request also reported finished, as a frontend does).
     RouterService(crate::bench_router_service::RouterServiceBench),
+    /// One chat request's work across the mesh in one thread, for instruction counts
+    /// (callgrind): parse, template, tokenize, worker request, mock engine, KV events, index.
+    RequestPath(crate::bench_request_path::RequestPathBench),
 }
 
 /// Options of `kvmesh bench indexer-service`.
@@ -91,6 +94,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::IndexerService(args) => crate::bench_service::run(args).await,
         BenchCommand::Routing(args) => crate::bench_routing::run(*args).await,
         BenchCommand::RouterService(args) => crate::bench_router_service::run(args).await,
+        BenchCommand::RequestPath(args) => crate::bench_request_path::run(&args),
         BenchCommand::Indexer(args) => {
             let config = ReplayConfig {
                 workers: args.workers.max(1),
