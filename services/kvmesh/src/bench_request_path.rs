@@ -137,7 +137,7 @@ fn text(chars: usize, seed: u64) -> String {
         for i in 0..len {
             out.push(char::from(b'a' + ((state >> (8 + i * 5)) % 26) as u8));
         }
-        out.push(if state % 11 == 0 { '\n' } else { ' ' });
+        out.push(if state.is_multiple_of(11) { '\n' } else { ' ' });
     }
     out.truncate(chars);
     out
