@@ -26,6 +26,9 @@ pub const DEFAULT_SERVER: &str = "nats://localhost:4222";
 /// Attempts of one durable publish before giving up.
 const PUBLISH_ATTEMPTS: u32 = 5;
 
+/// Tries of creating or updating a stream before giving up (see `ensure_stream`).
+const ENSURE_STREAM_ATTEMPTS: u64 = 4;
+
 /// Messages a consumer buffers ahead of its reader.
 const CONSUMER_CAPACITY: usize = 1024;
 
@@ -165,11 +168,27 @@ impl EventPlane for NatsEventPlane {
             duplicate_window: config.duplicate_window,
             ..Default::default()
         };
-        self.jetstream
-            .create_or_update_stream(stream_config)
-            .await
-            .map_err(|error| nats_error(&format!("ensure stream {}", config.name), error))?;
-        Ok(())
+        // Processes that start together race to create the stream: the loser's create can fail
+        // (JetStream answers "subjects overlap with an existing stream" while the winner's is
+        // being added), and its next attempt finds the stream and updates it instead.
+        let mut attempt = 0;
+        loop {
+            match self
+                .jetstream
+                .create_or_update_stream(stream_config.clone())
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(error) if attempt + 1 < ENSURE_STREAM_ATTEMPTS => {
+                    tracing::debug!(stream = %config.name, %error, "ensure stream raced; retrying");
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(50 * attempt)).await;
+                }
+                Err(error) => {
+                    return Err(nats_error(&format!("ensure stream {}", config.name), error));
+                }
+            }
+        }
     }
 
     async fn publish_durable(&self, subject: &str, msg_id: &str, payload: Bytes) -> Result<u64> {
