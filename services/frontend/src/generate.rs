@@ -61,6 +61,7 @@ pub async fn start(
 
 /// Text deltas of a started generation. Ends after the delta carrying a finish reason, or with an
 /// error; a cancelled generation ends without a finish reason. Dropping it cancels the worker.
+/// `timer` records the start's route and dispatch time now and the first token when it comes.
 pub fn text_deltas(
     generation: Generation,
     mut output: OutputProcessor,
@@ -70,6 +71,7 @@ pub fn text_deltas(
     request_id: String,
 ) -> impl Stream<Item = Result<TextDelta, FrontendError>> + Send {
     let begin = Instant::now();
+    timer.record_started(&generation);
     async_stream::stream! {
         // Dropped with the stream (client disconnect) it frees the request as disconnected.
         let mut generation = generation;

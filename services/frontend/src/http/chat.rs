@@ -99,7 +99,6 @@ async fn handle(
         started.worker_id(),
         started.dp_rank(),
     );
-    timer.record_started(&started);
     let deltas = generate::text_deltas(
         started,
         output,
