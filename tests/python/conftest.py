@@ -5,6 +5,7 @@ etcd and NATS read ETCD_ENDPOINTS and NATS_SERVER, which scripts/test.sh sets af
 servers; they fail rather than skip when those are missing.
 """
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -21,10 +22,34 @@ BIN_DIR = Path(os.environ.get("KVMESH_BIN_DIR", ROOT / "target" / "debug"))
 TINY_MODEL = ROOT / "models" / "tiny"
 
 
+_HANDED_OUT = set()
+
+
+def _ephemeral_range():
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port outside the kernel's ephemeral range: a port the OS picked for us (bind to 0)
+    could be handed again to a process that binds port 0 itself (an embedded indexer, say)
+    before the process we pass it to binds it."""
+    low, _ = _ephemeral_range()
+    for _ in range(200):
+        port = random.randrange(10_000, max(low, 10_001))
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 class Proc:
