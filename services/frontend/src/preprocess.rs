@@ -26,6 +26,8 @@ pub struct Preprocess {
     /// Permits of the preprocessing pool; `None` tokenizes in place.
     pool: Option<Arc<Semaphore>>,
     workers: usize,
+    /// Held while the cache's counters are published.
+    publishing: std::sync::Mutex<()>,
     /// Stage timings and tokenizer metrics.
     pub metrics: StageMetrics,
 }
@@ -48,6 +50,7 @@ impl Preprocess {
             debug_perf,
             pool: (workers > 0).then(|| Arc::new(Semaphore::new(workers))),
             workers,
+            publishing: std::sync::Mutex::new(()),
             metrics,
         }
     }
@@ -120,19 +123,26 @@ impl Preprocess {
         ids
     }
 
-    /// Publishes the prefix cache's counters (called on every `/metrics` scrape).
+    /// Publishes the prefix cache's counters (called on every `/metrics` scrape). One scrape at
+    /// a time steps the counters, so two at once cannot both add the same difference.
     pub fn publish_cache_stats(&self) {
+        let _one_at_a_time = self
+            .publishing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let stats = self.cache.stats();
         let metrics = &self.metrics;
         metrics
             .cache_hits
-            .inc_by(stats.hits - metrics.cache_hits.get());
+            .inc_by(stats.hits.saturating_sub(metrics.cache_hits.get()));
         metrics
             .cache_misses
-            .inc_by(stats.misses - metrics.cache_misses.get());
-        metrics
-            .cache_reused_tokens
-            .inc_by(stats.reused_tokens - metrics.cache_reused_tokens.get());
+            .inc_by(stats.misses.saturating_sub(metrics.cache_misses.get()));
+        metrics.cache_reused_tokens.inc_by(
+            stats
+                .reused_tokens
+                .saturating_sub(metrics.cache_reused_tokens.get()),
+        );
         metrics.cache_bytes.set(stats.bytes as i64);
         metrics.cache_entries.set(stats.entries as i64);
     }
