@@ -1,7 +1,7 @@
 """Long prompts through `kvmesh up` with the long-context model (scripts/make_long_context_model.py):
-a 100 k-token request streaming and not, with --tokenizer fastokens; the stage histograms and the
-prefix cache's series as requests are served; the preprocessing pool's size; and the tokenizer
-fallback, warned or fatal as --tokenizer-fallback says."""
+a 100 k-token request streaming and not, with --tokenizer fastokens; the stage histograms, the
+prefix cache's and the block-hash cache's series as requests are served; the preprocessing pool's
+size; and the tokenizer fallback, warned or fatal as --tokenizer-fallback says."""
 import json
 import re
 import subprocess
@@ -38,7 +38,8 @@ def start_up(model_dir, *extra, env=None):
 
 @pytest.fixture(scope="module")
 def long_mesh(tmp_path_factory):
-    mesh = start_up(make_model(tmp_path_factory), "--tokenizer", "fastokens", env={"DYN_PREPROCESS_WORKERS": "3"})
+    mesh = start_up(make_model(tmp_path_factory), "--tokenizer", "fastokens", "--router-mode", "kv",
+                    env={"DYN_PREPROCESS_WORKERS": "3"})
     try:
         wait_ready(mesh.base_url, MODEL, 1, mesh.procs)
         yield mesh
@@ -84,9 +85,11 @@ def test_a_100k_token_prompt_is_served_streaming_and_not(long_mesh):
 def test_stage_histograms_and_the_prefix_cache_move_as_requests_are_served(long_mesh):
     client = long_mesh.client(timeout=60)
     before = {stage: metric(long_mesh, "stage_duration_seconds_count", stage=stage)
-              for stage in ("template", "tokenize", "preprocess", "route", "dispatch", "first_token")}
+              for stage in ("template", "tokenize", "preprocess", "hash", "route", "dispatch", "first_token")}
     hits = metric(long_mesh, "tokenizer_prefix_cache_hits_total")
     reused = metric(long_mesh, "tokenizer_prefix_cache_reused_tokens_total")
+    hash_hits = metric(long_mesh, "router_block_hash_cache_hits_total")
+    reused_blocks = metric(long_mesh, "router_block_hash_cache_reused_blocks_total")
     tokenize_calls = metric(long_mesh, "tokenizer_latency_ms_count", operation="tokenize")
     history = [{"role": "system", "content": corpus(60_000)}]
     for turn in range(3):
@@ -101,6 +104,13 @@ def test_stage_histograms_and_the_prefix_cache_move_as_requests_are_served(long_
     assert metric(long_mesh, "tokenizer_prefix_cache_hits_total") >= hits + 2
     assert metric(long_mesh, "tokenizer_prefix_cache_reused_tokens_total") >= reused + 2 * 15_000
     assert metric(long_mesh, "tokenizer_prefix_cache_bytes") > 0
+    # And the router hashes only their new blocks: every full 64-token block (the mock engine's
+    # block size) of the reused tokens.
+    assert metric(long_mesh, "router_block_hash_cache_hits_total") >= hash_hits + 2
+    reused_tokens = metric(long_mesh, "tokenizer_prefix_cache_reused_tokens_total") - reused
+    reused_blocks = metric(long_mesh, "router_block_hash_cache_reused_blocks_total") - reused_blocks
+    assert reused_blocks * 64 >= reused_tokens - 2 * 64, (reused_blocks, reused_tokens)
+    assert metric(long_mesh, "router_block_hash_cache_bytes") > 0
 
 
 def test_the_preprocessing_pool_has_the_size_asked_for(long_mesh):

@@ -18,7 +18,7 @@ mod tokenizer;
 pub use detokenizer::Detokenizer;
 pub use error::{LlmError, LlmErrorCode};
 pub use model_dir::ModelDir;
-pub use prefix_cache::{PrefixCache, PrefixCacheStats};
+pub use prefix_cache::{EncodedPrompt, PrefixCache, PrefixCacheStats};
 pub use stop::{StopMatcher, StopStep, TokenStop, TokenStopConditions};
 pub use template::{ChatRenderInput, ChatTemplate, SpecialTokens};
 pub use tokenizer::{Tokenizer, TokenizerEngine};

@@ -106,7 +106,7 @@ fn a_later_turn_reuses_the_earlier_turns_tokens() {
     let stats = cache.stats();
     assert_eq!(stats.hits, 1);
     assert!(
-        stats.reused_tokens as usize * 10 > ids.len() * 9,
+        stats.reused as usize * 10 > ids.len() * 9,
         "{stats:?} of {}",
         ids.len()
     );

@@ -137,6 +137,11 @@ pub struct RouterArgs {
     #[arg(long, env = "DYN_ROUTER_MAX_TREE_SIZE", default_value_t = 1_048_576, value_parser = clap::value_parser!(u64).range(1..))]
     pub router_max_tree_size: u64,
 
+    /// MiB of block hashes kept for prompt prefixes, so a conversation's next turn hashes only
+    /// its new blocks (0 = off; kvmesh addition).
+    #[arg(long, env = "KVMESH_ROUTER_BLOCK_HASH_CACHE_MB", default_value_t = 32)]
+    pub router_block_hash_cache_mb: u64,
+
     /// Fraction of the max tree size a prune goes down to, in (0, 1].
     #[arg(long, env = "DYN_ROUTER_PRUNE_TARGET_RATIO", default_value_t = 0.8, value_parser = prune_ratio, allow_negative_numbers = true)]
     pub router_prune_target_ratio: f64,
@@ -339,6 +344,10 @@ impl RouterArgs {
                 .then(|| Duration::from_secs_f64(self.router_overlap_refresh_after_secs)),
             use_remote_indexer: self.use_remote_indexer,
             serve_indexer: self.serve_indexer,
+            block_hash_cache_bytes: usize::try_from(
+                self.router_block_hash_cache_mb.saturating_mul(1 << 20),
+            )
+            .unwrap_or(usize::MAX),
         };
         self.check_unsupported()?;
         if let Some(weight) = self.legacy_weight(&env)? {

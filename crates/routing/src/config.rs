@@ -162,6 +162,9 @@ pub struct KvRouterConfig {
     pub use_remote_indexer: bool,
     /// Serve this process's index to others (`--serve-indexer`).
     pub serve_indexer: bool,
+    /// Bytes of block hashes kept for prompt prefixes, so a later turn hashes only its new
+    /// blocks (0 = hash every prompt whole).
+    pub block_hash_cache_bytes: usize,
 }
 
 impl Default for KvRouterConfig {
@@ -190,6 +193,7 @@ impl Default for KvRouterConfig {
             overlap_refresh_after: Some(Duration::from_secs(10)),
             use_remote_indexer: false,
             serve_indexer: false,
+            block_hash_cache_bytes: 32 << 20,
         }
     }
 }

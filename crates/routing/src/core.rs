@@ -24,6 +24,7 @@ use kvmesh_kv::{ApproxConfig, ApproxIndex, ApproxPolicy, BlockHasher, WorkerKey}
 
 use crate::busy::{self, BusyInputs};
 use crate::config::{ApproxCachePolicy, BusyThresholds, ConfigError, RouterConfig, RouterMode};
+use crate::hash_cache::BlockHashCache;
 use crate::overlap::OverlapSource;
 use crate::queue::Queue;
 use crate::request::{Dispatched, RouteRequest, RoutingHints};
@@ -57,15 +58,27 @@ impl PreparedRequest {
     /// Hashes the prompt into local and sequence hashes (docs/kv-events.md, "Hashing") when
     /// `hash` is set.
     pub fn new(request: &RouteRequest<'_>, block_size: u32, hash: bool) -> Self {
-        let (local_hashes, seq_hashes) = if hash {
-            let seed = kvmesh_kv::seed_for(request.lora_name, request.cache_salt);
-            let mut local = Vec::new();
-            BlockHasher::new(block_size as usize, seed)
-                .hash_blocks_into(request.token_ids, &mut local);
-            let seq = kvmesh_kv::compute_seq_hashes(&local);
-            (local, seq)
-        } else {
-            (Vec::new(), Vec::new())
+        Self::hashed_with(request, block_size, hash, None)
+    }
+
+    /// [`Self::new`], reusing the hashes of a prefix `cache` holds (and caching this prompt's).
+    pub fn hashed_with(
+        request: &RouteRequest<'_>,
+        block_size: u32,
+        hash: bool,
+        cache: Option<&BlockHashCache>,
+    ) -> Self {
+        let seed = kvmesh_kv::seed_for(request.lora_name, request.cache_salt);
+        let (local_hashes, seq_hashes) = match cache {
+            _ if !hash => (Vec::new(), Vec::new()),
+            Some(cache) => cache.hash(request.token_ids, request.prefix_cuts, block_size, seed),
+            None => {
+                let mut local = Vec::new();
+                BlockHasher::new(block_size as usize, seed)
+                    .hash_blocks_into(request.token_ids, &mut local);
+                let seq = kvmesh_kv::compute_seq_hashes(&local);
+                (local, seq)
+            }
         };
         Self {
             request_id: request.request_id.clone(),

@@ -10,6 +10,8 @@
 //! * [`SharedRouter`] — the same core behind a lock for concurrent callers (frontend, gRPC
 //!   service), with a [`Clock`], async waiting for queued requests, and a [`RouteGuard`] that
 //!   releases a request's load on every terminal path, drop included.
+//! * [`BlockHashCache`] — block hashes found again by prompt prefix, so a long conversation's
+//!   next turn hashes only its new blocks.
 //! * [`OverlapSource`] — the trait between the router and an in-process KV index.
 //! * [`RouterConfig`] / [`RouterArgs`] — the typed configuration and its clap flags, named as in
 //!   docs/flags.md.
@@ -24,6 +26,7 @@ pub mod config;
 pub mod core;
 pub mod cost;
 pub mod error;
+pub mod hash_cache;
 mod modes;
 pub mod overlap;
 mod queue;
@@ -45,6 +48,7 @@ pub use config::{
 pub use core::{PreparedRequest, RouterCore};
 pub use cost::{CandidateLoad, CostBreakdown, CostWeights, EffectiveKv, RequestShape, kv_cost};
 pub use error::{DEFAULT_OVERLOAD_STATUS, OVERLOADED_MESSAGE, RouteError};
+pub use hash_cache::BlockHashCache;
 pub use overlap::{NoIndex, OverlapSource, build_event_index};
 pub use request::{
     Decision, Dispatched, RouteOutcome, RouteRequest, RouterConfigOverride, RoutingHints,

@@ -5,6 +5,8 @@ use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use kvmesh_core::prefix::PrefixCut;
+
 /// A tracking id for one routing of `request_id` that no other routing shares, in this process or
 /// another: router state is keyed by request id, and a client's id is not unique (retries, the
 /// same `x-request-id` sent to two frontends that share a router replica). A random per-process
@@ -77,6 +79,9 @@ pub struct RouteRequest<'a> {
     pub cache_salt: Option<&'a str>,
     /// Pins, priorities, session.
     pub hints: RoutingHints,
+    /// The prompt's cut points from tokenizing, shortest first: block hashes of a prefix seen
+    /// before are reused by its key (empty = hash the whole prompt).
+    pub prefix_cuts: &'a [PrefixCut],
 }
 
 impl<'a> RouteRequest<'a> {
@@ -88,6 +93,7 @@ impl<'a> RouteRequest<'a> {
             lora_name: None,
             cache_salt: None,
             hints: RoutingHints::default(),
+            prefix_cuts: &[],
         }
     }
 

@@ -23,6 +23,7 @@ use crate::config::{BusyThresholds, KvRouterConfig, RouterMode};
 use crate::core::{PreparedRequest, RouterCore};
 use crate::cost::EffectiveKv;
 use crate::error::RouteError;
+use crate::hash_cache::BlockHashCache;
 use crate::overlap::OverlapSource;
 use crate::request::{Decision, RouteOutcome, RouteRequest, TerminalPath, Ticket};
 use crate::sync::SyncEvent;
@@ -45,6 +46,8 @@ struct Inner {
     block_size: u32,
     kv: KvRouterConfig,
     source: Option<Arc<dyn OverlapSource>>,
+    /// Block hashes of prompt prefixes (kv mode with a cache bound).
+    hash_cache: Option<BlockHashCache>,
 }
 
 /// A [`RouterCore`] shared by concurrent requests (see the module docs). Cloning is cheap.
@@ -79,6 +82,8 @@ impl SharedRouter {
             model: core.model().to_string(),
             mode: config.mode,
             block_size: core.block_size(),
+            hash_cache: (config.mode == RouterMode::Kv && config.kv.block_hash_cache_bytes > 0)
+                .then(|| BlockHashCache::new(config.kv.block_hash_cache_bytes)),
             kv: config.kv,
             source: core.overlap_source().cloned(),
             clock,
@@ -114,10 +119,21 @@ impl SharedRouter {
         self.try_route_prepared(prepared, None)
     }
 
-    /// Hashes a request as this router's mode needs (only `kv` mode hashes); no lock is taken.
+    /// Hashes a request as this router's mode needs (only `kv` mode hashes), reusing the hashes
+    /// of a prompt prefix seen before; the router's lock is not taken.
     pub fn prepare(&self, request: &RouteRequest<'_>) -> PreparedRequest {
         let inner = &self.inner;
-        PreparedRequest::new(request, inner.block_size, inner.mode == RouterMode::Kv)
+        PreparedRequest::hashed_with(
+            request,
+            inner.block_size,
+            inner.mode == RouterMode::Kv,
+            inner.hash_cache.as_ref(),
+        )
+    }
+
+    /// Counters and size of the block-hash cache (`None` when there is none).
+    pub fn hash_cache_stats(&self) -> Option<kvmesh_core::prefix::PrefixStats> {
+        self.inner.hash_cache.as_ref().map(BlockHashCache::stats)
     }
 
     /// Whether a decision for `prepared` reads the event-fed index (kv mode, KV events on,
@@ -300,6 +316,7 @@ impl SharedRouter {
             router: self.clone(),
             decision,
             is_armed: true,
+            hash_time: Duration::ZERO,
         }
     }
 
@@ -372,9 +389,21 @@ pub struct RouteGuard {
     router: SharedRouter,
     decision: Decision,
     is_armed: bool,
+    hash_time: Duration,
 }
 
 impl RouteGuard {
+    /// Records how long hashing the prompt took (stage timings).
+    pub fn with_hash_time(mut self, hash_time: Duration) -> Self {
+        self.hash_time = hash_time;
+        self
+    }
+
+    /// How long hashing the prompt took, as recorded by [`Self::with_hash_time`].
+    pub fn hash_time(&self) -> Duration {
+        self.hash_time
+    }
+
     /// Where the request goes.
     pub fn decision(&self) -> &Decision {
         &self.decision

@@ -132,3 +132,44 @@ fn handles_cross_threads() {
     send::<QueuedRoute>();
     send::<RouterCore>();
 }
+
+#[test]
+fn a_later_turn_reuses_the_block_hashes_of_its_known_prefix() {
+    let (router, _) = shared(false);
+    let first: Vec<u32> = (0..400).collect();
+    let first_cuts = [kvmesh_core::prefix::PrefixCut {
+        key: 11,
+        tokens: 398,
+    }];
+    let mut request = RouteRequest::new("t1", &first);
+    request.prefix_cuts = &first_cuts;
+    let whole = PreparedRequest::new(&request, 4, true);
+    assert_eq!(router.prepare(&request), whole);
+
+    let mut second = first[..398].to_vec();
+    second.extend(9000..9100);
+    let second_cuts = [
+        first_cuts[0],
+        kvmesh_core::prefix::PrefixCut {
+            key: 12,
+            tokens: 490,
+        },
+    ];
+    let mut request = RouteRequest::new("t2", &second);
+    request.prefix_cuts = &second_cuts;
+    assert_eq!(
+        router.prepare(&request),
+        PreparedRequest::new(&request, 4, true)
+    );
+    let stats = router.hash_cache_stats().unwrap();
+    assert_eq!((stats.hits, stats.misses, stats.reused), (1, 1, 398 / 4));
+}
+
+#[test]
+fn without_a_cache_bound_nothing_is_kept() {
+    let mut config = RouterConfig::with_mode(RouterMode::Kv);
+    config.kv.block_hash_cache_bytes = 0;
+    let core = RouterCore::new(config, "m", 4, 3).unwrap();
+    let router = SharedRouter::new(core, Arc::new(ManualClock::new(Duration::ZERO)));
+    assert!(router.hash_cache_stats().is_none());
+}

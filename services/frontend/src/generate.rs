@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::Stream;
+use kvmesh_core::prefix::PrefixCut;
 use kvmesh_llm::openai::FinishReason as OpenAiFinish;
 use kvmesh_proto::v1::{FinishReason, GenerateRequest};
 use kvmesh_router::GenerateOptions;
@@ -41,18 +42,21 @@ pub struct TextDelta {
     pub usage: Option<TokenUsage>,
 }
 
-/// Starts `request` through the model's seam, waiting for the worker's first response as
+/// Starts `request` through the model's seam (`prefix_cuts`: the prompt's cut points, so the
+/// router reuses a known prefix's block hashes), waiting for the worker's first response as
 /// `wait` says so that early failures become proper error statuses.
 pub async fn start(
     entry: &Arc<ModelEntry>,
     request: GenerateRequest,
     hints: RoutingHints,
+    prefix_cuts: Vec<PrefixCut>,
     response_timeout: Option<Duration>,
     wait: FirstResponseWait,
 ) -> Result<Generation, FrontendError> {
     let options = GenerateOptions {
         hints,
         cache_salt: None,
+        prefix_cuts: prefix_cuts.into(),
         response_timeout,
         wait,
     };

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvmesh_llm::openai::{ChatCompletionRequest, SamplingOptions};
-use kvmesh_llm::{Detokenizer, LlmError, ModelDir, StopMatcher, Tokenizer};
+use kvmesh_llm::{Detokenizer, EncodedPrompt, LlmError, ModelDir, StopMatcher, Tokenizer};
 use kvmesh_proto::v1::ModelCard;
 use kvmesh_proto::v1::{
     GenerateRequest, OutputOptions as WireOutput, SamplingOptions as WireSampling, StopConditions,
@@ -70,20 +70,20 @@ impl Pipeline {
     }
 
     /// Renders the chat template for a request and tokenizes the prompt through the prefix
-    /// cache, a large one on the preprocessing pool.
+    /// cache (ids and cut points), a large one on the preprocessing pool.
     pub async fn chat_prompt(
         &self,
         request: &ChatCompletionRequest,
         timer: &mut RequestTimer,
-    ) -> Result<Vec<u32>, FrontendError> {
+    ) -> Result<EncodedPrompt, FrontendError> {
         let template = self.model.require_chat_template()?;
         let rendering = Instant::now();
         let text = template.render_request(request)?;
         timer.record(Stage::Template, rendering.elapsed());
         let tokenizing = Instant::now();
-        let ids = self.preprocess.encode_chat(self.tokenizer(), text).await?;
+        let prompt = self.preprocess.encode_chat(self.tokenizer(), text).await?;
         timer.record(Stage::Tokenize, tokenizing.elapsed());
-        Ok(ids)
+        Ok(prompt)
     }
 
     /// Tokenizes a raw text prompt (completions), adding the tokenizer's special tokens.

@@ -5,7 +5,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvmesh_llm::{LlmError, PrefixCache, Tokenizer, TokenizerEngine};
+use kvmesh_core::prefix::PrefixStats;
+use kvmesh_llm::{EncodedPrompt, LlmError, PrefixCache, Tokenizer, TokenizerEngine};
 use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntGauge, Opts, Registry};
 use tokio::sync::Semaphore;
 
@@ -60,16 +61,19 @@ impl Preprocess {
         self.workers
     }
 
-    /// The ids of a rendered chat prompt, through the prefix cache; a large one on the pool.
+    /// The ids and cut points of a rendered chat prompt, through the prefix cache; a large one
+    /// on the pool.
     pub async fn encode_chat(
         &self,
         tokenizer: &Arc<Tokenizer>,
         text: String,
-    ) -> Result<Vec<u32>, LlmError> {
+    ) -> Result<EncodedPrompt, LlmError> {
         let cache = self.cache.clone();
         let tokenizer = tokenizer.clone();
-        self.run(text.len(), move || cache.encode(&tokenizer, &text))
-            .await
+        self.run(text.len(), move || {
+            cache.encode_with_cuts(&tokenizer, &text)
+        })
+        .await
     }
 
     /// The ids of a raw prompt with the tokenizer's special tokens; a large one on the pool.
@@ -87,11 +91,11 @@ impl Preprocess {
             .await
     }
 
-    async fn run(
+    async fn run<T: Send + 'static>(
         &self,
         len: usize,
-        encode: impl FnOnce() -> Result<Vec<u32>, LlmError> + Send + 'static,
-    ) -> Result<Vec<u32>, LlmError> {
+        encode: impl FnOnce() -> Result<T, LlmError> + Send + 'static,
+    ) -> Result<T, LlmError> {
         let pool = match &self.pool {
             Some(pool) if len >= POOL_MIN_BYTES => pool,
             _ => return self.timed(encode),
@@ -111,10 +115,7 @@ impl Preprocess {
         .map_err(|e| LlmError::Tokenizer(format!("preprocessing task failed: {e}")))?
     }
 
-    fn timed(
-        &self,
-        encode: impl FnOnce() -> Result<Vec<u32>, LlmError>,
-    ) -> Result<Vec<u32>, LlmError> {
+    fn timed<T>(&self, encode: impl FnOnce() -> Result<T, LlmError>) -> Result<T, LlmError> {
         let started = Instant::now();
         let ids = encode();
         self.metrics
@@ -123,28 +124,16 @@ impl Preprocess {
         ids
     }
 
-    /// Publishes the prefix cache's counters (called on every `/metrics` scrape). One scrape at
-    /// a time steps the counters, so two at once cannot both add the same difference.
-    pub fn publish_cache_stats(&self) {
+    /// Publishes the prefix cache's counters and the routers' block-hash caches' (summed over
+    /// models), on every `/metrics` scrape. One scrape at a time steps the counters, so two at
+    /// once cannot both add the same difference.
+    pub fn publish_cache_stats(&self, block_hashes: PrefixStats) {
         let _one_at_a_time = self
             .publishing
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let stats = self.cache.stats();
-        let metrics = &self.metrics;
-        metrics
-            .cache_hits
-            .inc_by(stats.hits.saturating_sub(metrics.cache_hits.get()));
-        metrics
-            .cache_misses
-            .inc_by(stats.misses.saturating_sub(metrics.cache_misses.get()));
-        metrics.cache_reused_tokens.inc_by(
-            stats
-                .reused_tokens
-                .saturating_sub(metrics.cache_reused_tokens.get()),
-        );
-        metrics.cache_bytes.set(stats.bytes as i64);
-        metrics.cache_entries.set(stats.entries as i64);
+        self.metrics.prefix_cache.publish(self.cache.stats());
+        self.metrics.block_hash_cache.publish(block_hashes);
     }
 }
 
@@ -157,7 +146,10 @@ pub enum Stage {
     Tokenize,
     /// Everything before routing: parse checks, template, tokenize, the worker request.
     Preprocess,
-    /// The routing decision (block hashing and overlap included).
+    /// Block hashing of the prompt for the routing decision (in-process routing only; a
+    /// router replica hashes on its side).
+    Hash,
+    /// The routing decision, block hashing excluded (overlap lookups included).
     Route,
     /// From the decision to the worker's first response.
     Dispatch,
@@ -172,23 +164,25 @@ impl Stage {
             Stage::Template => "template",
             Stage::Tokenize => "tokenize",
             Stage::Preprocess => "preprocess",
+            Stage::Hash => "hash",
             Stage::Route => "route",
             Stage::Dispatch => "dispatch",
             Stage::FirstToken => "first_token",
         }
     }
 
-    const ALL: [Stage; 6] = [
+    const ALL: [Stage; 7] = [
         Stage::Template,
         Stage::Tokenize,
         Stage::Preprocess,
+        Stage::Hash,
         Stage::Route,
         Stage::Dispatch,
         Stage::FirstToken,
     ];
 }
 
-/// `stage_duration_seconds`, `tokenizer_latency_ms`, the prefix cache's series and the pool size.
+/// `stage_duration_seconds`, `tokenizer_latency_ms`, the prefix caches' series and the pool size.
 #[derive(Clone)]
 pub struct StageMetrics {
     stages: Vec<Histogram>,
@@ -196,11 +190,8 @@ pub struct StageMetrics {
     pub tokenizer_latency_tokenize: Histogram,
     /// `tokenizer_latency_ms{operation="detokenize"}`.
     pub tokenizer_latency_detokenize: Histogram,
-    cache_hits: IntCounter,
-    cache_misses: IntCounter,
-    cache_reused_tokens: IntCounter,
-    cache_bytes: IntGauge,
-    cache_entries: IntGauge,
+    prefix_cache: PrefixSeries,
+    block_hash_cache: PrefixSeries,
     preprocess_workers: IntGauge,
 }
 
@@ -221,58 +212,36 @@ impl StageMetrics {
                 .buckets(prometheus::exponential_buckets(0.001, 2.0, 24)?),
             &["operation"],
         )?;
-        let counter =
-            |suffix: &str, help: &str| IntCounter::with_opts(Opts::new(name(suffix), help));
-        let gauge = |suffix: &str, help: &str| IntGauge::with_opts(Opts::new(name(suffix), help));
-        let metrics = Self {
+        let preprocess_workers = IntGauge::with_opts(Opts::new(
+            name("preprocess_workers"),
+            "threads of the pool that tokenizes large prompts",
+        ))?;
+        registry.register(Box::new(stage.clone()))?;
+        registry.register(Box::new(tokenizer.clone()))?;
+        registry.register(Box::new(preprocess_workers.clone()))?;
+        Ok(Self {
             stages: Stage::ALL
                 .iter()
                 .map(|s| stage.with_label_values(&[s.label()]))
                 .collect(),
             tokenizer_latency_tokenize: tokenizer.with_label_values(&["tokenize"]),
             tokenizer_latency_detokenize: tokenizer.with_label_values(&["detokenize"]),
-            cache_hits: counter(
-                "tokenizer_prefix_cache_hits_total",
-                "prompts that reused a cached prefix tokenization",
-            )?,
-            cache_misses: counter(
-                "tokenizer_prefix_cache_misses_total",
-                "prompts with cut points that found no cached prefix",
-            )?,
-            cache_reused_tokens: counter(
-                "tokenizer_prefix_cache_reused_tokens_total",
+            prefix_cache: PrefixSeries::new(
+                &name("tokenizer_prefix_cache"),
+                "prompts",
                 "prompt tokens taken from the prefix cache instead of encoded",
+                "reused_tokens_total",
+                registry,
             )?,
-            cache_bytes: gauge(
-                "tokenizer_prefix_cache_bytes",
-                "bytes the prefix cache holds",
+            block_hash_cache: PrefixSeries::new(
+                &name("router_block_hash_cache"),
+                "prompts",
+                "prompt blocks whose hashes were reused instead of computed",
+                "reused_blocks_total",
+                registry,
             )?,
-            cache_entries: gauge(
-                "tokenizer_prefix_cache_entries",
-                "prompts the prefix cache holds",
-            )?,
-            preprocess_workers: gauge(
-                "preprocess_workers",
-                "threads of the pool that tokenizes large prompts",
-            )?,
-        };
-        registry.register(Box::new(stage))?;
-        registry.register(Box::new(tokenizer))?;
-        for collector in [
-            &metrics.cache_hits,
-            &metrics.cache_misses,
-            &metrics.cache_reused_tokens,
-        ] {
-            registry.register(Box::new(collector.clone()))?;
-        }
-        for collector in [
-            &metrics.cache_bytes,
-            &metrics.cache_entries,
-            &metrics.preprocess_workers,
-        ] {
-            registry.register(Box::new(collector.clone()))?;
-        }
-        Ok(metrics)
+            preprocess_workers,
+        })
     }
 
     /// Records `elapsed` for `stage`.
@@ -280,6 +249,62 @@ impl StageMetrics {
         if let Some(histogram) = self.stages.get(stage as usize) {
             histogram.observe(elapsed.as_secs_f64());
         }
+    }
+}
+
+/// The series of one [`kvmesh_core::prefix::PrefixStore`]: hits, misses, what was reused, bytes
+/// and entries held.
+#[derive(Clone)]
+struct PrefixSeries {
+    hits: IntCounter,
+    misses: IntCounter,
+    reused: IntCounter,
+    bytes: IntGauge,
+    entries: IntGauge,
+}
+
+impl PrefixSeries {
+    fn new(
+        prefix: &str,
+        what: &str,
+        reused_help: &str,
+        reused_suffix: &str,
+        registry: &Registry,
+    ) -> prometheus::Result<Self> {
+        let counter = |suffix: &str, help: String| {
+            IntCounter::with_opts(Opts::new(format!("{prefix}_{suffix}"), help))
+        };
+        let gauge = |suffix: &str, help: String| {
+            IntGauge::with_opts(Opts::new(format!("{prefix}_{suffix}"), help))
+        };
+        let series = Self {
+            hits: counter("hits_total", format!("{what} that reused a cached prefix"))?,
+            misses: counter(
+                "misses_total",
+                format!("{what} with cut points that found no cached prefix"),
+            )?,
+            reused: counter(reused_suffix, reused_help.to_string())?,
+            bytes: gauge("bytes", "bytes the cache holds".to_string())?,
+            entries: gauge("entries", format!("{what} the cache holds"))?,
+        };
+        for counter in [&series.hits, &series.misses, &series.reused] {
+            registry.register(Box::new(counter.clone()))?;
+        }
+        for gauge in [&series.bytes, &series.entries] {
+            registry.register(Box::new(gauge.clone()))?;
+        }
+        Ok(series)
+    }
+
+    /// Steps the counters up to `stats` and sets the gauges.
+    fn publish(&self, stats: PrefixStats) {
+        self.hits.inc_by(stats.hits.saturating_sub(self.hits.get()));
+        self.misses
+            .inc_by(stats.misses.saturating_sub(self.misses.get()));
+        self.reused
+            .inc_by(stats.reused.saturating_sub(self.reused.get()));
+        self.bytes.set(stats.bytes as i64);
+        self.entries.set(stats.entries as i64);
     }
 }
 
@@ -315,6 +340,9 @@ impl RequestTimer {
     /// Records where the start of `generation` spent its time.
     pub fn record_started(&mut self, generation: &kvmesh_router::Generation) {
         let timings = generation.timings();
+        if !timings.hash.is_zero() {
+            self.record(Stage::Hash, timings.hash);
+        }
         self.record(Stage::Route, timings.route);
         self.record(Stage::Dispatch, timings.dispatch);
     }
@@ -337,6 +365,7 @@ impl RequestTimer {
             template_ms = ms(Stage::Template),
             tokenize_ms = ms(Stage::Tokenize),
             preprocess_ms = ms(Stage::Preprocess),
+            hash_ms = ms(Stage::Hash),
             route_ms = ms(Stage::Route),
             dispatch_ms = ms(Stage::Dispatch),
             first_token_ms = ms(Stage::FirstToken),

@@ -35,6 +35,12 @@ pub trait RouteLease: Send + Sync + std::fmt::Debug {
 
     /// Ends the request by `path`.
     fn finish(self: Box<Self>, path: TerminalPath);
+
+    /// Time this process spent hashing the prompt for the decision (zero when another process
+    /// decided).
+    fn hash_time(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
 }
 
 impl RouteLease for RouteGuard {
@@ -56,6 +62,10 @@ impl RouteLease for RouteGuard {
 
     fn finish(self: Box<Self>, path: TerminalPath) {
         RouteGuard::finish(*self, path);
+    }
+
+    fn hash_time(&self) -> std::time::Duration {
+        RouteGuard::hash_time(self)
     }
 }
 

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use kvmesh_core::prefix::PrefixCut;
 use kvmesh_proto::v1::{FinishReason, GenerateRequest, GenerateResponse};
 use kvmesh_runtime::ErrorCode;
 use kvmesh_runtime::worker_client::{ResponseStream, WorkerEndpoint};
@@ -54,6 +55,8 @@ pub struct GenerateOptions {
     pub hints: RoutingHints,
     /// Cache salt of the prompt's block hashes.
     pub cache_salt: Option<String>,
+    /// The prompt's cut points from tokenizing (block hashes of a known prefix are reused).
+    pub prefix_cuts: Arc<[PrefixCut]>,
     /// Longest wait for the worker to answer, and longest silence between its responses
     /// (`DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS`); `None` waits as long as the connection lives.
     pub response_timeout: Option<Duration>,
@@ -206,10 +209,13 @@ impl ModelRouter {
                     .then_some(this_request.lora_name.as_str()),
                 cache_salt: options.cache_salt.as_deref(),
                 hints: hints.clone(),
+                prefix_cuts: &options.prefix_cuts,
             };
             let deciding = Instant::now();
             let lease = self.inner.decider.decide(&route_request).await?;
-            timings.route += deciding.elapsed();
+            let hashing = lease.hash_time();
+            timings.hash += hashing;
+            timings.route += deciding.elapsed().saturating_sub(hashing);
             let decision = lease.decision();
             let worker_id = decision.worker_id;
             if let Some(rank) = decision.dp_rank {
@@ -261,7 +267,9 @@ pub(crate) struct Started {
 /// Where the start of a generation spent its time, every attempt included.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StartTimings {
-    /// Routing decisions (block hashing and overlap lookups included).
+    /// Block hashing for the decisions, where this process hashed (zero with router replicas).
+    pub hash: Duration,
+    /// Routing decisions, block hashing excluded (overlap lookups included).
     pub route: Duration,
     /// From a decision to the worker's answer (its first response when the start waits).
     pub dispatch: Duration,

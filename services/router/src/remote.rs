@@ -138,6 +138,7 @@ impl RemoteRouters {
                 .config_override
                 .as_ref()
                 .map(wire::override_to_proto),
+            prefix_cuts: wire::cuts_to_proto(request.prefix_cuts),
         };
         let start = self.inner.next.fetch_add(1, Ordering::Relaxed);
         let mut last_failure = String::new();

@@ -16,7 +16,9 @@ pub async fn route_with_index(
     indexer: Option<&IndexerClient>,
     request: &RouteRequest<'_>,
 ) -> Result<RouteGuard, RouteError> {
+    let hashing = std::time::Instant::now();
     let prepared = router.prepare(request);
+    let hash_time = hashing.elapsed();
     let primary = match indexer {
         Some(indexer) if router.needs_overlap(&prepared) => Some(
             indexer
@@ -26,5 +28,6 @@ pub async fn route_with_index(
         ),
         _ => None,
     };
-    router.route_prepared(prepared, primary).await
+    let guard = router.route_prepared(prepared, primary).await?;
+    Ok(guard.with_hash_time(hash_time))
 }

@@ -262,12 +262,14 @@ impl RouterService {
                 request.session_bind_ttl_secs,
                 request.config_override.as_ref(),
             );
+            let prefix_cuts = wire::cuts_from_proto(&request.prefix_cuts);
             let route_request = RouteRequest {
                 request_id: request.request_id.clone(),
                 token_ids: &request.token_ids,
                 lora_name: (!request.lora_name.is_empty()).then_some(request.lora_name.as_str()),
                 cache_salt: (!request.cache_salt.is_empty()).then_some(request.cache_salt.as_str()),
                 hints,
+                prefix_cuts: &prefix_cuts,
             };
             let guard =
                 route_with_index(&model.router, model.indexer.as_ref(), &route_request).await?;
@@ -353,6 +355,7 @@ impl RouterService {
         let options = GenerateOptions {
             hints,
             cache_salt: (!routed.cache_salt.is_empty()).then_some(routed.cache_salt),
+            prefix_cuts: wire::cuts_from_proto(&routed.prefix_cuts).into(),
             response_timeout: None,
             wait: FirstResponseWait::None,
         };

@@ -7,6 +7,7 @@ use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
+use kvmesh_llm::EncodedPrompt;
 use kvmesh_llm::openai::{
     ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionObject, ChatCompletionRequest,
     ChatCompletionResponse, ChatResponseMessage, FinishReason, Role, Usage,
@@ -60,7 +61,8 @@ async fn handle(
     early.is_scoped = true;
     let mut scope = RequestScope::new(state, &entry, "chat_completions", stream);
     let started = async {
-        let prompt = entry.pipeline.chat_prompt(&request, &mut timer).await?;
+        let EncodedPrompt { ids: prompt, cuts } =
+            entry.pipeline.chat_prompt(&request, &mut timer).await?;
         let max_tokens =
             entry
                 .pipeline
@@ -79,6 +81,7 @@ async fn handle(
             &entry,
             worker_request,
             super::routing_hints(&state.settings, headers, request.nvext.as_ref())?,
+            cuts,
             state.settings.backend_stream_timeout,
             super::first_response_wait(&state.settings, stream),
         )

@@ -178,6 +178,7 @@ async fn handle(
             &entry,
             worker_request,
             super::routing_hints(&state.settings, headers, request.nvext.as_ref())?,
+            Vec::new(),
             state.settings.backend_stream_timeout,
             super::first_response_wait(&state.settings, stream),
         )

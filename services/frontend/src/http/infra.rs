@@ -5,6 +5,7 @@ use std::sync::Arc;
 use axum::extract::{OriginalUri, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use kvmesh_core::prefix::PrefixStats;
 use serde_json::json;
 
 use super::AppState;
@@ -55,14 +56,14 @@ pub async fn live() -> Response {
 
 /// `GET /metrics`: Prometheus text.
 pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    let pending = state
-        .models
-        .load()
-        .values()
-        .map(|entry| entry.router.queue_len())
-        .sum();
+    let models = state.models.load();
+    let pending = models.values().map(|entry| entry.router.queue_len()).sum();
     state.metrics.set_queue_pending(pending);
-    state.preprocess.publish_cache_stats();
+    let block_hashes = models
+        .values()
+        .filter_map(|entry| entry.router.hash_cache_stats())
+        .fold(PrefixStats::default(), |sum, stats| sum + stats);
+    state.preprocess.publish_cache_stats(block_hashes);
     let text = kvmesh_runtime::telemetry::encode_metrics(&state.metrics.registry);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
