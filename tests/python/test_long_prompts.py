@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import requests
@@ -113,8 +114,18 @@ def test_stage_histograms_and_the_prefix_cache_move_as_requests_are_served(long_
     assert metric(long_mesh, "router_block_hash_cache_bytes") > 0
 
 
-def test_the_preprocessing_pool_has_the_size_asked_for(long_mesh):
+def test_the_preprocessing_pool_has_the_size_asked_for_and_runs_at_lower_priority(long_mesh):
     assert metric(long_mesh, "preprocess_workers") == 3
+    tasks = Path(f"/proc/{long_mesh.procs[0].proc.pid}/task")
+
+    def nice(task):  # field 19 of /proc/<pid>/task/<tid>/stat, after the parenthesised name
+        return int((task / "stat").read_text().rsplit(")", 1)[1].split()[16])
+
+    threads = {task.name: ((task / "comm").read_text().strip(), nice(task)) for task in tasks.iterdir()}
+    pool = [n for name, n in threads.values() if name.startswith("kvmesh-preproce")]
+    io_threads = [n for name, n in threads.values() if name.startswith("tokio-rt-worker")]
+    assert len(pool) == 3, threads
+    assert io_threads and all(n >= max(io_threads) + 10 or n == 19 for n in pool), threads
 
 
 def unsupported_model(tmp_path_factory):

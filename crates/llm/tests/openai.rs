@@ -97,6 +97,24 @@ fn malformed_bodies_are_user_errors() {
     }
     let err = CompletionRequest::from_json(br#"{"model": "m", "prompt": {"a": 1}}"#).unwrap_err();
     assert!(err.is_user_error());
+    let err = ChatCompletionRequest::from_json(
+        br#"{"model": "m", "messages": [{"role": "user", "content": {"text": "x"}}]}"#,
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("a string or a list of content parts"),
+        "{err}"
+    );
+}
+
+#[test]
+fn escaped_and_plain_string_content_parse_alike() {
+    let body = br#"{"model": "m", "messages": [{"role": "user", "content": "a\nb \u00e9"},
+        {"role": "user", "content": "plain"}]}"#;
+    let request = ChatCompletionRequest::from_json(body).unwrap();
+    assert_eq!(request.messages[0].text().unwrap(), "a\nb \u{e9}");
+    assert_eq!(request.messages[1].text().unwrap(), "plain");
 }
 
 #[test]

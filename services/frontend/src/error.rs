@@ -63,6 +63,12 @@ pub enum FrontendError {
     Internal(String),
 }
 
+impl From<crate::preprocess::PoolStopped> for FrontendError {
+    fn from(error: crate::preprocess::PoolStopped) -> Self {
+        Self::Internal(error.to_string())
+    }
+}
+
 impl FrontendError {
     /// Shorthand for a client mistake naming a field.
     pub fn invalid(message: impl Into<String>, param: Option<&str>) -> Self {

@@ -199,12 +199,13 @@ fn preprocess_settings(
     };
     let stages = preprocess::StageMetrics::new(&args.metrics_prefix, &metrics.registry)
         .context("register stage metrics")?;
-    Ok(preprocess::Preprocess::new(
+    preprocess::Preprocess::new(
         args.tokenizer.engine(),
         !args.tokenizer_fallback,
         usize::try_from(args.tokenizer_cache_mb.saturating_mul(1024 * 1024)).unwrap_or(usize::MAX),
         workers,
         args.dyn_debug_perf,
         stages,
-    ))
+    )
+    .context("start the preprocessing pool")
 }

@@ -14,7 +14,7 @@ use kvmesh_proto::v1::{
 };
 
 use crate::error::FrontendError;
-use crate::preprocess::{Preprocess, RequestTimer, Stage};
+use crate::preprocess::{Preprocess, RequestTimer, Stage, timed};
 
 /// A model's tokenizer, template and limits.
 pub struct Pipeline {
@@ -70,19 +70,32 @@ impl Pipeline {
     }
 
     /// Renders the chat template for a request and tokenizes the prompt through the prefix
-    /// cache (ids and cut points), a large one on the preprocessing pool.
+    /// cache (ids and cut points); on the preprocessing pool when the request's body had
+    /// `body_len` bytes at or above its threshold.
     pub async fn chat_prompt(
         &self,
-        request: &ChatCompletionRequest,
+        request: &Arc<ChatCompletionRequest>,
+        body_len: usize,
         timer: &mut RequestTimer,
     ) -> Result<EncodedPrompt, FrontendError> {
-        let template = self.model.require_chat_template()?;
-        let rendering = Instant::now();
-        let text = template.render_request(request)?;
-        timer.record(Stage::Template, rendering.elapsed());
-        let tokenizing = Instant::now();
-        let prompt = self.preprocess.encode_chat(self.tokenizer(), text).await?;
-        timer.record(Stage::Tokenize, tokenizing.elapsed());
+        let template = self.model.require_chat_template()?.clone();
+        let tokenizer = self.tokenizer().clone();
+        let cache = self.preprocess.cache.clone();
+        let latency = self.preprocess.metrics.tokenizer_latency_tokenize.clone();
+        let request = request.clone();
+        let (prompt, render_time, tokenize_time) = self
+            .preprocess
+            .offload(body_len, move || {
+                let rendering = Instant::now();
+                let text = template.render_request(&request)?;
+                let render_time = rendering.elapsed();
+                let tokenizing = Instant::now();
+                let prompt = timed(&latency, || cache.encode_with_cuts(&tokenizer, &text))?;
+                Ok::<_, FrontendError>((prompt, render_time, tokenizing.elapsed()))
+            })
+            .await?;
+        timer.record(Stage::Template, render_time);
+        timer.record(Stage::Tokenize, tokenize_time);
         Ok(prompt)
     }
 

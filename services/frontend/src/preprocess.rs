@@ -1,17 +1,22 @@
 //! What every model's preprocessing shares in one process: the tokenizer engine asked for, the
-//! prompt prefix cache, the bounded pool that tokenizes large prompts off the async I/O threads,
-//! and the stage timings (docs/tokenization.md).
+//! prompt prefix cache, the low-priority pool that parses, renders and tokenizes large prompts off
+//! the async I/O threads ([`pool`]), and the stage timings (docs/tokenization.md).
+
+pub mod pool;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvmesh_core::prefix::PrefixStats;
-use kvmesh_llm::{EncodedPrompt, LlmError, PrefixCache, Tokenizer, TokenizerEngine};
-use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntGauge, Opts, Registry};
-use tokio::sync::Semaphore;
+pub use pool::{PoolStopped, PreprocessPool};
 
-/// Prompt text at and above which tokenizing goes to the pool: below it the hand-off costs
-/// more than it spares the I/O threads.
+use kvmesh_llm::{PrefixCache, Tokenizer, TokenizerEngine};
+
+use crate::error::FrontendError;
+use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntGauge, Opts, Registry};
+
+/// Request bodies and prompt text at and above which the work goes to the pool: below it the
+/// hand-off costs more than it spares the I/O threads.
 pub const POOL_MIN_BYTES: usize = 32 * 1024;
 
 /// How prompts are preprocessed, shared by every model of the process.
@@ -24,9 +29,8 @@ pub struct Preprocess {
     pub cache: Arc<PrefixCache>,
     /// `--dyn-debug-perf`: log every request's stage timings.
     pub debug_perf: bool,
-    /// Permits of the preprocessing pool; `None` tokenizes in place.
-    pool: Option<Arc<Semaphore>>,
-    workers: usize,
+    /// The preprocessing pool; `None` does all work in place.
+    pool: Option<PreprocessPool>,
     /// Held while the cache's counters are published.
     publishing: std::sync::Mutex<()>,
     /// Stage timings and tokenizer metrics.
@@ -34,7 +38,7 @@ pub struct Preprocess {
 }
 
 impl Preprocess {
-    /// Shared state for `workers` pool threads (0 = tokenize in place).
+    /// Shared state for `workers` pool threads (0 = all work in place).
     pub fn new(
         engine: TokenizerEngine,
         strict_engine: bool,
@@ -42,38 +46,44 @@ impl Preprocess {
         workers: usize,
         debug_perf: bool,
         metrics: StageMetrics,
-    ) -> Self {
-        metrics.preprocess_workers.set(workers as i64);
-        Self {
+    ) -> std::io::Result<Self> {
+        let pool = (workers > 0)
+            .then(|| PreprocessPool::new(workers))
+            .transpose()?;
+        metrics
+            .preprocess_workers
+            .set(pool.as_ref().map_or(0, PreprocessPool::threads) as i64);
+        Ok(Self {
             engine,
             strict_engine,
             cache: Arc::new(PrefixCache::new(cache_bytes)),
             debug_perf,
-            pool: (workers > 0).then(|| Arc::new(Semaphore::new(workers))),
-            workers,
+            pool,
             publishing: std::sync::Mutex::new(()),
             metrics,
-        }
+        })
     }
 
     /// Threads of the preprocessing pool.
     pub fn workers(&self) -> usize {
-        self.workers
+        self.pool.as_ref().map_or(0, PreprocessPool::threads)
     }
 
-    /// The ids and cut points of a rendered chat prompt, through the prefix cache; a large one
-    /// on the pool.
-    pub async fn encode_chat(
+    /// Runs `work` on the pool when `len` (the bytes it handles) is at least [`POOL_MIN_BYTES`]
+    /// and there is a pool, else in place.
+    pub async fn offload<T, E>(
         &self,
-        tokenizer: &Arc<Tokenizer>,
-        text: String,
-    ) -> Result<EncodedPrompt, LlmError> {
-        let cache = self.cache.clone();
-        let tokenizer = tokenizer.clone();
-        self.run(text.len(), move || {
-            cache.encode_with_cuts(&tokenizer, &text)
-        })
-        .await
+        len: usize,
+        work: impl FnOnce() -> Result<T, E> + Send + 'static,
+    ) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<PoolStopped> + Send + 'static,
+    {
+        match &self.pool {
+            Some(pool) if len >= POOL_MIN_BYTES => pool.run(work).await?,
+            _ => work(),
+        }
     }
 
     /// The ids of a raw prompt with the tokenizer's special tokens; a large one on the pool.
@@ -81,47 +91,17 @@ impl Preprocess {
         &self,
         tokenizer: &Arc<Tokenizer>,
         text: &str,
-    ) -> Result<Vec<u32>, LlmError> {
+    ) -> Result<Vec<u32>, FrontendError> {
+        let latency = self.metrics.tokenizer_latency_tokenize.clone();
         if text.len() < POOL_MIN_BYTES || self.pool.is_none() {
-            return self.timed(|| tokenizer.encode(text, true));
+            return Ok(timed(&latency, || tokenizer.encode(text, true))?);
         }
         let tokenizer = tokenizer.clone();
         let text = text.to_string();
-        self.run(text.len(), move || tokenizer.encode(&text, true))
-            .await
-    }
-
-    async fn run<T: Send + 'static>(
-        &self,
-        len: usize,
-        encode: impl FnOnce() -> Result<T, LlmError> + Send + 'static,
-    ) -> Result<T, LlmError> {
-        let pool = match &self.pool {
-            Some(pool) if len >= POOL_MIN_BYTES => pool,
-            _ => return self.timed(encode),
-        };
-        let _permit = pool
-            .acquire()
-            .await
-            .map_err(|_| LlmError::Tokenizer("preprocessing pool closed".into()))?;
-        let tokenize = self.metrics.tokenizer_latency_tokenize.clone();
-        tokio::task::spawn_blocking(move || {
-            let started = Instant::now();
-            let ids = encode();
-            tokenize.observe(started.elapsed().as_secs_f64() * 1000.0);
-            ids
+        self.offload(text.len(), move || {
+            Ok(timed(&latency, || tokenizer.encode(&text, true))?)
         })
         .await
-        .map_err(|e| LlmError::Tokenizer(format!("preprocessing task failed: {e}")))?
-    }
-
-    fn timed<T>(&self, encode: impl FnOnce() -> Result<T, LlmError>) -> Result<T, LlmError> {
-        let started = Instant::now();
-        let ids = encode();
-        self.metrics
-            .tokenizer_latency_tokenize
-            .observe(started.elapsed().as_secs_f64() * 1000.0);
-        ids
     }
 
     /// Publishes the prefix cache's counters and the routers' block-hash caches' (summed over
@@ -135,6 +115,14 @@ impl Preprocess {
         self.metrics.prefix_cache.publish(self.cache.stats());
         self.metrics.block_hash_cache.publish(block_hashes);
     }
+}
+
+/// Runs one encode, observing its time in `latency` (`tokenizer_latency_ms`).
+pub fn timed<T>(latency: &Histogram, encode: impl FnOnce() -> T) -> T {
+    let started = Instant::now();
+    let result = encode();
+    latency.observe(started.elapsed().as_secs_f64() * 1000.0);
+    result
 }
 
 /// The stages a request's time is split into, as `stage_duration_seconds{stage}` reports them.

@@ -51,7 +51,14 @@ async fn handle(
     state.check_accepting()?;
     let mut timer = RequestTimer::start(&state.preprocess);
     let body = body_bytes(state, body)?;
-    let request: ChatCompletionRequest = parse_json(&body)?;
+    // A large body is parsed on the preprocessing pool, like its rendering and tokenizing.
+    let body_len = body.len();
+    let request: Arc<ChatCompletionRequest> = Arc::new(
+        state
+            .preprocess
+            .offload(body_len, move || parse_json(&body))
+            .await?,
+    );
     early.parsed(state, &request.model, request.is_stream());
     request.validate()?;
     let sampling = request.sampling_options();
@@ -62,7 +69,7 @@ async fn handle(
     let mut scope = RequestScope::new(state, &entry, "chat_completions", stream);
     let started = async {
         let EncodedPrompt { ids: prompt, cuts } =
-            entry.pipeline.chat_prompt(&request, &mut timer).await?;
+            entry.pipeline.chat_prompt(&request, body_len, &mut timer).await?;
         let max_tokens =
             entry
                 .pipeline
