@@ -28,27 +28,7 @@ const MAX_TRACKED_SEQUENCE_TOKENS: u64 = 1 << 22;
 /// (router id, request id): requests of replicas are tracked next to our own.
 pub(crate) type ReqKey = (Arc<str>, String);
 
-/// Block hashes are already uniform 64-bit values: hash them by identity.
-#[derive(Default)]
-pub(crate) struct IdentityHasher(u64);
-
-impl Hasher for IdentityHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
-        }
-    }
-
-    fn write_u64(&mut self, value: u64) {
-        self.0 = value;
-    }
-}
-
-type HashCounts = HashMap<u64, u32, BuildHasherDefault<IdentityHasher>>;
+type HashCounts = kvmesh_kv::BlockHashMap<u32>;
 
 /// Multiply-xor hashing of small integer keys ((worker, rank) pairs, worker ids): the rank table
 /// is read once per candidate per decision, so it must be cheaper than SipHash or a B-tree walk.

@@ -220,7 +220,10 @@ impl<'de> Deserialize<'de> for MessageContent {
                 Ok(MessageContent::Text(text))
             }
 
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                seq: A,
+            ) -> Result<Self::Value, A::Error> {
                 Vec::<ContentPart>::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))
                     .map(MessageContent::Parts)
             }

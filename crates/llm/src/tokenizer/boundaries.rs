@@ -69,7 +69,12 @@ impl Boundaries {
 
     /// Whether `id` is a token a cut may follow.
     pub fn is_cut_id(&self, id: u32) -> bool {
-        self.cut_ids.binary_search(&id).is_ok()
+        // Called for every id of every prompt: most ids are ordinary tokens below the added
+        // ones, which the range check answers without a search.
+        let (Some(&lowest), Some(&highest)) = (self.cut_ids.first(), self.cut_ids.last()) else {
+            return false;
+        };
+        (lowest..=highest).contains(&id) && self.cut_ids.binary_search(&id).is_ok()
     }
 
     /// The seed of this tokenizer's prefix keys.

@@ -68,8 +68,10 @@ async fn handle(
     early.is_scoped = true;
     let mut scope = RequestScope::new(state, &entry, "chat_completions", stream);
     let started = async {
-        let EncodedPrompt { ids: prompt, cuts } =
-            entry.pipeline.chat_prompt(&request, body_len, &mut timer).await?;
+        let EncodedPrompt { ids: prompt, cuts } = entry
+            .pipeline
+            .chat_prompt(&request, body_len, &mut timer)
+            .await?;
         let max_tokens =
             entry
                 .pipeline

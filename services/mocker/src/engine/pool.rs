@@ -12,7 +12,7 @@
 //! evicted within one pass, for instance by a sequence preempted in the same pass, is therefore
 //! never announced, and the indexers' view always equals the pool's content.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 
 use kvmesh_kv::{LocalBlockHash, SequenceHash};
 
@@ -55,7 +55,7 @@ struct Entry {
 #[derive(Debug)]
 pub(crate) struct BlockPool {
     num_blocks: usize,
-    entries: HashMap<SequenceHash, Entry>,
+    entries: kvmesh_kv::BlockHashMap<Entry>,
     /// Inactive blocks by LRU tick; the first is evicted first. Sequences release their blocks
     /// tail first, so a chain's leaves always carry older ticks than their parents.
     inactive: BTreeMap<u64, SequenceHash>,
@@ -74,7 +74,7 @@ impl BlockPool {
     pub(crate) fn new(num_blocks: usize, is_trace: bool) -> Self {
         Self {
             num_blocks,
-            entries: HashMap::new(),
+            entries: kvmesh_kv::BlockHashMap::default(),
             inactive: BTreeMap::new(),
             num_private: 0,
             num_active_shared: 0,
