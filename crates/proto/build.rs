@@ -1,13 +1,18 @@
-//! Compiles every contract in `proto/` with tonic/prost and generates protobuf-JSON serde impls.
+//! Compiles every contract in `proto/` with tonic/prost and generates protobuf-JSON serde impls
+//! (for kvmesh's own messages).
 
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
-    let protos: Vec<PathBuf> = ["llm", "worker", "events", "discovery", "indexer", "router"]
+    let mut protos: Vec<PathBuf> = ["llm", "worker", "events", "discovery", "indexer", "router"]
         .iter()
         .map(|name| root.join(format!("kvmesh/v1/{name}.proto")))
         .collect();
+    // The KServe v2 / Triton contract, package `inference`.
+    protos.extend(
+        ["grpc_service", "model_config"].map(|name| root.join(format!("kserve/{name}.proto"))),
+    );
     println!("cargo:rerun-if-changed={}", root.display());
     println!("cargo:rerun-if-env-changed=PROTOC");
 
@@ -25,7 +30,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .file_descriptor_set_path(&descriptor_path)
         .compile_well_known_types(true)
         .extern_path(".google.protobuf", "::pbjson_types")
-        .compile_with_config(config, &protos, &[root.clone(), include])?;
+        .compile_with_config(
+            config,
+            &protos,
+            &[root.clone(), root.join("kserve"), include],
+        )?;
 
     let descriptors = std::fs::read(&descriptor_path)?;
     pbjson_build::Builder::new()

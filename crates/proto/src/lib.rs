@@ -11,11 +11,40 @@ pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/kvmesh.v1.serde.rs"));
 }
 
+/// The KServe v2 inference protocol as Triton clients speak it (`proto/kserve/`, package
+/// `inference`), for the frontend's KServe gRPC edge.
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod inference {
+    include!(concat!(env!("OUT_DIR"), "/inference.rs"));
+}
+
 pub use pbjson_types;
 
 #[cfg(test)]
 mod tests {
     use super::v1::*;
+
+    #[test]
+    fn kserve_messages_keep_the_field_numbers_clients_use() {
+        use prost::Message as _;
+        let request = super::inference::ModelInferRequest {
+            raw_input_contents: vec![b"x".to_vec()],
+            ..Default::default()
+        };
+        // Field 7, length-delimited: tag byte (7 << 3) | 2.
+        assert_eq!(request.encode_to_vec(), vec![0x3a, 1, b'x']);
+        let response = super::inference::ModelStreamInferResponse {
+            error_message: "e".into(),
+            ..Default::default()
+        };
+        assert_eq!(response.encode_to_vec(), vec![0x0a, 1, b'e']);
+        let config = super::inference::ModelConfig {
+            backend: "b".into(),
+            ..Default::default()
+        };
+        // Field 17 needs a two-byte tag: (17 << 3) | 2 = 138 as a varint.
+        assert_eq!(config.encode_to_vec(), vec![0x8a, 0x01, 1, b'b']);
+    }
 
     #[test]
     fn instance_record_json_uses_proto_names_and_string_u64() {

@@ -9,6 +9,7 @@ pub mod error;
 pub mod generate;
 pub mod hints;
 pub mod http;
+pub mod kserve;
 pub mod metrics;
 pub mod models;
 pub mod opts;
