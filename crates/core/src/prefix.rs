@@ -66,6 +66,9 @@ pub struct PrefixHit<T> {
     pub values: Arc<[T]>,
     /// Values before the cut.
     pub len: usize,
+    /// Values before each of the looked-up cuts up to and including `cut`, when the store still
+    /// knows them all (it forgets a key whose owner was evicted); spares the caller finding them.
+    pub lens: Option<Vec<usize>>,
 }
 
 impl<T> PrefixHit<T> {
@@ -156,7 +159,16 @@ impl<T: Copy> PrefixStore<T> {
         let values = entry.values.clone();
         state.by_use.remove(&previous);
         state.by_use.insert(now, entry_id);
-        Some(PrefixHit { cut, values, len })
+        let lens = keys[..=cut]
+            .iter()
+            .map(|key| state.cuts.get(key).map(|(_, n)| *n))
+            .collect();
+        Some(PrefixHit {
+            cut,
+            values,
+            len,
+            lens,
+        })
     }
 
     /// Stores a prompt: `keys[i]` is the key of cut `i`, `lens[i]` how many of `values` lie
@@ -258,6 +270,7 @@ mod tests {
         store.insert(keys(3), &[2, 4, 6], &[10, 11, 12, 13, 14, 15, 16]);
         let hit = store.longest(&[1, 2, 99]).unwrap();
         assert_eq!((hit.cut, hit.shared()), (1, &[10, 11, 12, 13][..]));
+        assert_eq!(hit.lens, Some(vec![2, 4]));
         assert!(store.longest(&[98, 99]).is_none());
         let stats = store.stats();
         assert_eq!((stats.hits, stats.misses, stats.reused), (1, 1, 4));

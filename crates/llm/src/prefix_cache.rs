@@ -56,7 +56,8 @@ impl PrefixCache {
             return plain(tokenizer, text);
         }
         let keys = prefix_keys(boundaries.namespace(), text, &cuts);
-        let ids = match self.store.longest(&keys) {
+        let hit = self.store.longest(&keys);
+        let ids = match &hit {
             Some(hit) => {
                 let suffix = tokenizer.encode(&text[cuts[hit.cut]..], false)?;
                 let mut whole = Vec::with_capacity(hit.len + suffix.len());
@@ -66,14 +67,20 @@ impl PrefixCache {
             }
             None => tokenizer.encode(text, false)?,
         };
-        // The ids after each cut token; a count that differs from the cuts' (the text matched
-        // a cut token the tokenizer did not take) leaves the prompt uncached and without cuts.
-        let offsets: Vec<usize> = ids
-            .iter()
-            .enumerate()
-            .filter(|(_, id)| boundaries.is_cut_id(**id))
-            .map(|(i, _)| i + 1)
-            .collect();
+        // The ids after each cut token. The reused prefix's are known to the store; only the
+        // ids after it are scanned. A count that differs from the cuts' (the text matched a cut
+        // token the tokenizer did not take) leaves the prompt uncached and without cuts.
+        let (mut offsets, scan_from) = match hit.and_then(|hit| Some((hit.lens?, hit.len))) {
+            Some((lens, len)) => (lens, len),
+            None => (Vec::with_capacity(keys.len()), 0),
+        };
+        offsets.extend(
+            ids.iter()
+                .enumerate()
+                .skip(scan_from)
+                .filter(|(_, id)| boundaries.is_cut_id(**id))
+                .map(|(i, _)| i + 1),
+        );
         if offsets.len() != keys.len() {
             return Ok(EncodedPrompt {
                 ids,

@@ -56,7 +56,8 @@ fn conversation_strategy() -> impl Strategy<Value = Vec<String>> {
 }
 
 /// Feeds a conversation turn by turn (each prompt re-sends the history) and checks each
-/// prompt's ids against the whole-prompt encoding.
+/// prompt's ids against the whole-prompt encoding, and its cut points against those an empty
+/// cache finds.
 fn check_conversation(model: &ModelDir, cache: &PrefixCache, turns: &[String]) {
     let mut history = vec![("system".to_string(), "You are terse.".to_string())];
     for (i, content) in turns.iter().enumerate() {
@@ -64,8 +65,12 @@ fn check_conversation(model: &ModelDir, cache: &PrefixCache, turns: &[String]) {
         history.push((role.to_string(), content.clone()));
         let prompt = render(model, &history, role == "user");
         let expected = model.tokenizer().encode(&prompt, false).unwrap();
-        let got = cache.encode(model.tokenizer(), &prompt).unwrap();
-        assert_eq!(got, expected, "prompt {prompt:?}");
+        let got = cache.encode_with_cuts(model.tokenizer(), &prompt).unwrap();
+        assert_eq!(got.ids, expected, "prompt {prompt:?}");
+        let fresh = PrefixCache::new(1 << 24)
+            .encode_with_cuts(model.tokenizer(), &prompt)
+            .unwrap();
+        assert_eq!(got.cuts, fresh.cuts, "prompt {prompt:?}");
     }
 }
 
