@@ -70,7 +70,9 @@ def test_with_a_peek_a_first_failure_gets_its_own_status(peek_mesh):
     _, _, status, body = stream(peek_mesh, 4000, 3)
     assert status == 400, body
     assert body[0]["error"]["type"] == "invalid_request_error"
-    # A good request commits with its first token.
+    # A good request commits with the engine's first response: the slow prefill of 3000 tokens
+    # happens before the headers go out. (The first SSE event may lag the headers by a decode
+    # step: a mock token that ends inside a UTF-8 character produces no text until the next one.)
     headers_at, first_at, status, events = stream(peek_mesh, 3000, 4)
     assert status == 200 and events[-1] == "[DONE]"
-    assert first_at - headers_at < 0.1, (headers_at, first_at)
+    assert headers_at > 0.2, (headers_at, first_at)
