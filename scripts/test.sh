@@ -54,4 +54,11 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
 "$venv/bin/pip" install -q -r tests/python/requirements.txt
+# tritonclient must decode kvmesh's KServe outputs under numpy 1 as well as numpy 2.
+numpy1_venv=${venv}-numpy1
+if [ ! -x "$numpy1_venv/bin/python" ]; then
+  python3 -m venv "$numpy1_venv"
+fi
+"$numpy1_venv/bin/pip" install -q "tritonclient[grpc]>=2.60" "numpy<2"
+export KVMESH_NUMPY1_PYTHON="$numpy1_venv/bin/python"
 KVMESH_BIN_DIR="${CARGO_TARGET_DIR:-$root/target}/debug" "$venv/bin/python" -m pytest -q tests/python

@@ -177,8 +177,10 @@ def kvmesh_up():
         mesh.stop()
 
 
-def start_distributed(backend, extra_env=None, mocker_args=(), num_workers=2, speedup="100"):
-    """Frontend plus `num_workers` mocker processes sharing a fresh namespace."""
+def start_distributed(backend, extra_env=None, mocker_args=(), num_workers=2, speedup="100", kserve=False):
+    """Frontend plus `num_workers` mocker processes sharing a fresh namespace. With `kserve` the
+    frontend serves KServe gRPC on its HTTP port (`mesh.grpc`) and health and metrics on the side
+    port (`mesh.base_url`)."""
     namespace = f"t{uuid.uuid4().hex[:10]}"
     env = dict(extra_env or {})
     env["DYN_DISCOVERY_BACKEND"] = backend
@@ -187,8 +189,13 @@ def start_distributed(backend, extra_env=None, mocker_args=(), num_workers=2, sp
     env["NATS_SERVER"] = require_env("NATS_SERVER")
     port = free_port()
     rpc_ports = [free_port() for _ in range(num_workers)]
-    frontend = Proc("frontend", ["kvmesh-frontend", "--http-host", "127.0.0.1", "--http-port", str(port),
-                                 "--namespace", namespace], env)
+    frontend_args = ["kvmesh-frontend", "--http-host", "127.0.0.1", "--http-port", str(port), "--namespace", namespace]
+    grpc_address = None
+    if kserve:
+        grpc_address = f"127.0.0.1:{port}"
+        port = free_port()
+        frontend_args += ["--kserve-grpc-server", "--grpc-metrics-port", str(port)]
+    frontend = Proc("frontend", frontend_args, env)
     mockers = [
         Proc(f"mocker{i}", ["kvmesh-mocker", "--model-path", str(TINY_MODEL), "--model-name", "tiny",
                             "--endpoint", f"dyn://{namespace}.backend.generate", "--speedup-ratio", speedup,
@@ -199,6 +206,7 @@ def start_distributed(backend, extra_env=None, mocker_args=(), num_workers=2, sp
     procs = [frontend, *mockers]
     mesh = Mesh(base, procs, namespace)
     mesh.worker_rpc = [f"127.0.0.1:{p}" for p in rpc_ports]
+    mesh.grpc = grpc_address
     try:
         wait_ready(base, "tiny", num_workers, procs)
     except BaseException:

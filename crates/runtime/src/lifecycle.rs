@@ -18,6 +18,16 @@ use crate::shutdown::Inflight;
 /// How long stopped tasks get to finish before the service gives up on them.
 pub const JOIN_LIMIT: Duration = Duration::from_secs(3);
 
+/// HTTP/2 settings of a gRPC server a service offers to clients outside the mesh (the KServe
+/// edge); unset fields keep the server defaults (1 MiB windows).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GrpcServerSettings {
+    /// Initial connection-level flow-control window, in bytes.
+    pub initial_connection_window_size: Option<u32>,
+    /// Initial per-stream flow-control window, in bytes.
+    pub initial_stream_window_size: Option<u32>,
+}
+
 /// A task's outcome: an early end of any kind stops the service.
 pub type TaskResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
@@ -79,10 +89,23 @@ impl ServiceLifecycle {
         listener: tokio::net::TcpListener,
         routes: tonic::service::Routes,
     ) {
+        self.serve_grpc_with(listener, routes, &GrpcServerSettings::default());
+    }
+
+    /// [`serve_grpc`](Self::serve_grpc) with the HTTP/2 settings of `settings`.
+    pub fn serve_grpc_with(
+        &mut self,
+        listener: tokio::net::TcpListener,
+        routes: tonic::service::Routes,
+        settings: &GrpcServerSettings,
+    ) {
         let stop = self.stop.clone();
+        let settings = *settings;
         self.spawn(async move {
             tonic::transport::Server::builder()
                 .tcp_nodelay(true)
+                .initial_connection_window_size(settings.initial_connection_window_size)
+                .initial_stream_window_size(settings.initial_stream_window_size)
                 .add_routes(routes)
                 .serve_with_incoming_shutdown(
                     crate::net::nodelay_incoming(listener),

@@ -115,14 +115,36 @@ impl FrontendError {
         )
     }
 
-    /// The OpenAI error body: `{"error":{message,type,param,code}, message, type, code}`.
-    pub fn body(&self) -> serde_json::Value {
-        let code = self.code();
-        let message = if self.is_private() {
+    /// The message a client may read: a private worker failure is summarised.
+    pub fn public_message(&self) -> String {
+        if self.is_private() {
             "the worker failed while serving the request".to_string()
         } else {
             self.to_string()
-        };
+        }
+    }
+
+    /// Logs what the client is not told (an internal detail, a private worker failure).
+    fn log_private_detail(&self) {
+        if let Self::Internal(detail) = self {
+            tracing::error!(detail = %detail, "internal error");
+        }
+        if self.is_private() {
+            tracing::error!(error = %self, "worker failure");
+        }
+    }
+
+    /// The gRPC status of this error: its code through the one table, the public message.
+    pub fn to_status(&self) -> tonic::Status {
+        use kvmesh_runtime::GrpcErrorCode as _;
+        self.log_private_detail();
+        self.code().to_status(self.public_message())
+    }
+
+    /// The OpenAI error body: `{"error":{message,type,param,code}, message, type, code}`.
+    pub fn body(&self) -> serde_json::Value {
+        let code = self.code();
+        let message = self.public_message();
         let kind = code.openai_type();
         let param = match self {
             Self::InvalidRequest { param, .. } => param.clone(),
@@ -139,12 +161,7 @@ impl FrontendError {
 
     /// Builds the HTTP response with the configured overload status.
     pub fn into_response_with(self, overload_status: u16) -> Response {
-        if let Self::Internal(detail) = &self {
-            tracing::error!(detail = %detail, "internal error");
-        }
-        if self.is_private() {
-            tracing::error!(error = %self, "worker failure");
-        }
+        self.log_private_detail();
         let status = StatusCode::from_u16(self.code().http_status(overload_status))
             .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let body = self.body().to_string();

@@ -4,7 +4,7 @@ mod admin;
 mod chat;
 mod completions;
 mod infra;
-mod openai_shared;
+pub(crate) mod openai_shared;
 pub mod request_metrics;
 pub mod sse;
 
@@ -109,6 +109,29 @@ pub fn app(state: Arc<AppState>) -> AxumRouter {
         .fallback(infra::not_found)
         .method_not_allowed_fallback(infra::method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(state)
+}
+
+/// The side HTTP server of `--kserve-grpc-server` mode: `/metrics`, `/health`, `/live` and
+/// `/v1/models`, no inference routes.
+pub fn side_app(state: Arc<AppState>) -> AxumRouter {
+    let path = |name: &str, default: &str| route_path(name, default);
+    AxumRouter::new()
+        .route(
+            &path("DYN_HTTP_SVC_MODELS_PATH", "/v1/models"),
+            get(infra::list_models),
+        )
+        .route(
+            &path("DYN_HTTP_SVC_HEALTH_PATH", "/health"),
+            get(infra::health),
+        )
+        .route(&path("DYN_HTTP_SVC_LIVE_PATH", "/live"), get(infra::live))
+        .route(
+            &path("DYN_HTTP_SVC_METRICS_PATH", "/metrics"),
+            get(infra::metrics),
+        )
+        .fallback(infra::not_found)
+        .method_not_allowed_fallback(infra::method_not_allowed)
         .with_state(state)
 }
 

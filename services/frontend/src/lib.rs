@@ -5,6 +5,7 @@
 //! lives in [`http`] (parsing, validation, errors), [`pipeline`] (chat template, tokenizer,
 //! detokenizer, stop strings) and [`generate`] (routing and the worker stream).
 
+pub mod completion;
 pub mod error;
 pub mod generate;
 pub mod hints;
@@ -137,42 +138,41 @@ pub async fn run(
         inflight: Inflight::new(),
         draining: AtomicBool::new(false),
     });
-    let bind: SocketAddr = format!("{}:{}", http.http_host, http.http_port)
-        .parse()
-        .with_context(|| {
-            format!(
-                "--http-host {} / --http-port {}",
-                http.http_host, http.http_port
-            )
-        })?;
-    let listener = tokio::net::TcpListener::bind(bind)
-        .await
-        .with_context(|| format!("bind HTTP on {bind}"))?;
-    let local = listener.local_addr()?;
-    let listener = listener.tap_io(|stream| {
-        if let Err(error) = stream.set_nodelay(true) {
-            tracing::debug!(%error, "cannot set TCP_NODELAY");
-        }
-    });
-    let app = http::app(state.clone());
-
+    let kserve = &args.kserve;
+    let (listener, local) = bind(&http.http_host, http.http_port, "--http-port").await?;
     let namespace = args
         .namespace
         .clone()
         .unwrap_or_else(|| "dynamo".to_string());
-    let record = instance_record(&namespace, "frontend", "http", &local.to_string(), "http");
+    let record = if kserve.kserve_grpc_server {
+        instance_record(&namespace, "frontend", "kserve", &local.to_string(), "grpc")
+    } else {
+        instance_record(&namespace, "frontend", "http", &local.to_string(), "http")
+    };
     Registry::new(discovery.clone())
         .register_instance(&record)
         .await?;
     lifecycle.registered(discovery);
-    tracing::info!(address = %local, "frontend listening");
-    {
-        let stop = lifecycle.stop_token();
-        lifecycle.spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(stop.cancelled_owned())
-                .await
-        });
+    if kserve.kserve_grpc_server {
+        // KServe gRPC takes the HTTP port; the side server keeps health and metrics.
+        kserve::serve(&mut lifecycle, listener, state.clone(), kserve);
+        tracing::info!(address = %local, "frontend KServe gRPC listening");
+        let (side, side_local) = bind(
+            &http.http_host,
+            kserve.grpc_metrics_port,
+            "--grpc-metrics-port",
+        )
+        .await?;
+        serve_http(&mut lifecycle, side, http::side_app(state.clone()));
+        tracing::info!(address = %side_local, "frontend metrics listening");
+    } else {
+        serve_http(&mut lifecycle, listener, http::app(state.clone()));
+        tracing::info!(address = %local, "frontend listening");
+        if let Some(port) = kserve.kserve_grpc_port {
+            let (grpc, grpc_local) = bind(&http.http_host, port, "--kserve-grpc-port").await?;
+            kserve::serve(&mut lifecycle, grpc, state.clone(), kserve);
+            tracing::info!(address = %grpc_local, "frontend KServe gRPC listening");
+        }
     }
     let drain = Drain {
         limit: Duration::from_secs(http.http_graceful_shutdown_timeout_secs),
@@ -184,6 +184,41 @@ pub async fn run(
         })
         .await;
     Ok(stopped?)
+}
+
+/// Binds `host:port` (`flag` names the port in the error).
+async fn bind(
+    host: &str,
+    port: u16,
+    flag: &str,
+) -> anyhow::Result<(tokio::net::TcpListener, SocketAddr)> {
+    let address: SocketAddr = format!("{host}:{port}")
+        .parse()
+        .with_context(|| format!("--http-host {host} / {flag} {port}"))?;
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .with_context(|| format!("bind {flag} on {address}"))?;
+    let local = listener.local_addr()?;
+    Ok((listener, local))
+}
+
+/// Serves `app` on `listener` (TCP_NODELAY on every connection) until the lifecycle stops.
+fn serve_http(
+    lifecycle: &mut ServiceLifecycle,
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+) {
+    let listener = listener.tap_io(|stream| {
+        if let Err(error) = stream.set_nodelay(true) {
+            tracing::debug!(%error, "cannot set TCP_NODELAY");
+        }
+    });
+    let stop = lifecycle.stop_token();
+    lifecycle.spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await
+    });
 }
 
 /// The process's preprocessing from the tokenizer flags.

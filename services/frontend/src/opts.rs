@@ -32,6 +32,10 @@ pub struct FrontendArgs {
     #[command(flatten)]
     pub http: HttpOpts,
 
+    /// KServe gRPC options.
+    #[command(flatten)]
+    pub kserve: KserveOpts,
+
     /// Serve only workers of this namespace (unset: every namespace).
     #[arg(long, env = "DYN_NAMESPACE")]
     pub namespace: Option<String>,
@@ -155,6 +159,39 @@ pub struct HttpOpts {
     pub http_pre_commit_error_peek_ms: Option<u64>,
 }
 
+/// The KServe v2 gRPC edge (docs/kserve.md): instead of the OpenAI edge, or beside it.
+#[derive(Debug, Clone, Args)]
+pub struct KserveOpts {
+    /// Serve KServe gRPC on `--http-host:--http-port` instead of the OpenAI HTTP edge; a side
+    /// HTTP server on `--grpc-metrics-port` keeps `/metrics`, `/health`, `/live` and `/v1/models`.
+    #[arg(long, env = "DYN_KSERVE_GRPC_SERVER", default_value = "false", value_parser = kvmesh_core::flags::parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub kserve_grpc_server: bool,
+
+    /// Port of the side HTTP server in `--kserve-grpc-server` mode.
+    #[arg(long, env = "DYN_GRPC_METRICS_PORT", default_value_t = 8788)]
+    pub grpc_metrics_port: u16,
+
+    /// Serve KServe gRPC on this port of `--http-host` as well as the full HTTP edge (kvmesh
+    /// addition; 0 = any free port).
+    #[arg(long, env = "KVMESH_KSERVE_GRPC_PORT")]
+    pub kserve_grpc_port: Option<u16>,
+
+    /// Requests of one `ModelStreamInfer` stream run at once; the stream is read no further
+    /// while that many are running (kvmesh addition).
+    #[arg(long, env = "KVMESH_KSERVE_STREAM_CONCURRENCY", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub kserve_stream_concurrency: u32,
+
+    /// HTTP/2 connection flow-control window of the KServe gRPC server, in bytes (unset: the
+    /// server default, 1 MiB).
+    #[arg(long, env = "DYN_GRPC_INITIAL_CONNECTION_WINDOW_SIZE", hide = true, value_parser = clap::value_parser!(u32).range(65_535..=2_147_483_647))]
+    pub grpc_initial_connection_window_size: Option<u32>,
+
+    /// HTTP/2 per-stream flow-control window of the KServe gRPC server, in bytes (unset: the
+    /// server default, 1 MiB).
+    #[arg(long, env = "DYN_GRPC_INITIAL_STREAM_WINDOW_SIZE", hide = true, value_parser = clap::value_parser!(u32).range(65_535..=2_147_483_647))]
+    pub grpc_initial_stream_window_size: Option<u32>,
+}
+
 /// `--tokenizer` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum TokenizerChoice {
@@ -221,6 +258,9 @@ impl FrontendArgs {
     /// Checks the options that clap cannot (the router's cross-field rules); the message names
     /// the flag.
     pub fn validate(&self) -> Result<(), String> {
+        if self.kserve.kserve_grpc_server && self.kserve.kserve_grpc_port.is_some() {
+            return Err("--kserve-grpc-port: with --kserve-grpc-server, KServe gRPC is served on --http-port; give one of the two".into());
+        }
         self.router_config().map(|_| ())
     }
 

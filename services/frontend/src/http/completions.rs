@@ -9,19 +9,18 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use kvmesh_llm::openai::{
     CompletionChoice, CompletionChunk, CompletionChunkChoice, CompletionRequest,
-    CompletionResponse, FinishReason, Prompt, TextCompletionObject, Usage,
+    CompletionResponse, FinishReason, TextCompletionObject, Usage,
 };
 use serde_json::Value;
 
-use super::openai_shared::{check_supported, now_secs, response_nvext};
+use super::openai_shared::{now_secs, response_nvext};
 use super::request_metrics::{EarlyRequest, RequestScope};
 use super::sse;
 use super::{AppState, body_bytes, parse_json, request_id, with_request_id};
+use crate::completion::{self, StartSettings};
 use crate::error::FrontendError;
-use crate::generate;
 use crate::models::find_model;
-use crate::pipeline::generate_request;
-use crate::preprocess::{RequestTimer, Stage};
+use crate::preprocess::RequestTimer;
 
 /// Handles a text completion, streaming or unary.
 pub async fn completions(
@@ -95,99 +94,23 @@ async fn handle(
     early: &mut EarlyRequest,
 ) -> Result<Response, FrontendError> {
     state.check_accepting()?;
-    let mut timer = RequestTimer::start(&state.preprocess);
+    let timer = RequestTimer::start(&state.preprocess);
     let body = body_bytes(state, body)?;
     let request = parse_request(&body)?;
     early.parsed(state, &request.model, request.is_stream());
-    request.validate()?;
-    let sampling = request.sampling_options();
-    check_supported(&sampling)?;
-    if request.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
-        return Err(FrontendError::NotImplemented(
-            "suffix is not supported".into(),
-        ));
-    }
-    match request.prompt.len() {
-        1 => {}
-        0 => {
-            return Err(FrontendError::invalid(
-                "prompt must not be empty",
-                Some("prompt"),
-            ));
-        }
-        several => {
-            return Err(FrontendError::NotImplemented(format!(
-                "{several} prompts in one request are not supported yet; send one prompt per request"
-            )));
-        }
-    }
+    let sampling = completion::check(&request)?;
     let entry = find_model(&state.models, &request.model)?;
     let stream = request.is_stream();
-    let echo = request.echo.unwrap_or(false);
     early.is_scoped = true;
     let mut scope = RequestScope::new(state, &entry, "completions", stream);
-    let started = async {
-        let prompt = match &request.prompt {
-            Prompt::Text(text) => entry.pipeline.text_prompt(text, &mut timer).await?,
-            Prompt::Texts(texts) => {
-                let text = texts.first().map(String::as_str).unwrap_or("");
-                entry.pipeline.text_prompt(text, &mut timer).await?
-            }
-            Prompt::Tokens(tokens) => tokens.clone(),
-            Prompt::TokenBatches(batches) => batches.first().cloned().unwrap_or_default(),
-        };
-        if prompt.is_empty() {
-            return Err(FrontendError::invalid(
-                "prompt must not be empty",
-                Some("prompt"),
-            ));
-        }
-        let vocab_size = entry.pipeline.tokenizer().vocab_size();
-        if vocab_size > 0
-            && let Some(unknown) = prompt.iter().find(|id| **id as usize >= vocab_size)
-        {
-            return Err(FrontendError::invalid(
-                format!("token id {unknown} is out of vocabulary (size {vocab_size})"),
-                Some("prompt"),
-            ));
-        }
-        let echoed = if echo {
-            Some(match &request.prompt {
-                Prompt::Text(text) => text.clone(),
-                Prompt::Texts(texts) => texts.first().cloned().unwrap_or_default(),
-                _ => entry.pipeline.decode(&prompt)?,
-            })
-        } else {
-            None
-        };
-        let max_tokens =
-            entry
-                .pipeline
-                .fit_max_tokens(prompt.len(), sampling.max_tokens, "prompt")?;
-        let output = entry.pipeline.output(&sampling, &prompt);
-        let num_prompt_tokens = prompt.len() as u32;
-        let worker_request = generate_request(
-            request_id.to_string(),
-            &entry.name,
-            prompt,
-            &sampling,
-            max_tokens,
-        );
-        timer.record_since_arrival(Stage::Preprocess);
-        let started = generate::start(
-            &entry,
-            worker_request,
-            super::routing_hints(&state.settings, headers, request.nvext.as_ref())?,
-            Vec::new(),
-            state.settings.backend_stream_timeout,
-            super::first_response_wait(&state.settings, stream),
-        )
-        .await?;
-        Ok::<_, FrontendError>((started, output, num_prompt_tokens, echoed))
-    }
-    .await;
-    let (started, output, num_prompt_tokens, echoed) = match started {
-        Ok(parts) => parts,
+    let settings = StartSettings {
+        request_id: request_id.to_string(),
+        hints: super::routing_hints(&state.settings, headers, request.nvext.as_ref())?,
+        response_timeout: state.settings.backend_stream_timeout,
+        wait: super::first_response_wait(&state.settings, stream),
+    };
+    let started = match completion::start(&entry, &request, &sampling, timer, settings).await {
+        Ok(started) => started,
         Err(error) => {
             scope.finish(Some(&error));
             return Err(error);
@@ -196,17 +119,11 @@ async fn handle(
     let nvext = response_nvext(
         &state.settings,
         &request.nvext,
-        started.worker_id(),
-        started.dp_rank(),
+        started.worker_id,
+        started.dp_rank,
     );
-    let deltas = generate::text_deltas(
-        started,
-        output,
-        num_prompt_tokens,
-        entry.metrics.clone(),
-        timer,
-        request_id.to_string(),
-    );
+    let deltas = started.deltas;
+    let echoed = started.echoed;
     let id = format!("cmpl-{request_id}");
     let created = now_secs();
     let model = entry.name.clone();

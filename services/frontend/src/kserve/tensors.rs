@@ -12,6 +12,7 @@ use kvmesh_proto::inference::{
 };
 
 use crate::error::FrontendError;
+use crate::generate::TokenUsage;
 
 /// The prompt input.
 pub const TEXT_INPUT: &str = "text_input";
@@ -219,24 +220,13 @@ fn invalid(message: String) -> FrontendError {
     FrontendError::invalid(message, None)
 }
 
-/// Token counts reported as response parameters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Usage {
-    /// Prompt tokens.
-    pub prompt_tokens: u32,
-    /// Generated tokens.
-    pub completion_tokens: u32,
-    /// Prompt tokens the worker had cached.
-    pub cached_tokens: u32,
-}
-
 /// One response: `text_output` and `finish_reason` (empty while streaming), usage parameters
 /// when given, raw or typed contents as `raw` says.
 pub fn response(
     request: &ModelInferRequest,
     text: &str,
     finish_reason: &str,
-    usage: Option<Usage>,
+    usage: Option<TokenUsage>,
     raw: bool,
 ) -> ModelInferResponse {
     let mut response = ModelInferResponse {

@@ -161,7 +161,7 @@ fn parameters_map_to_the_completions_request() {
 #[test]
 fn outputs_take_the_form_of_the_inputs() {
     let request = raw_request("hi", None);
-    let usage = Usage {
+    let usage = TokenUsage {
         prompt_tokens: 3,
         completion_tokens: 2,
         cached_tokens: 0,
