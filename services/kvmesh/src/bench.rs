@@ -22,6 +22,9 @@ pub enum BenchCommand {
     /// One chat request's work across the mesh in one thread, for instruction counts
     /// (callgrind): parse, template, tokenize, worker request, mock engine, KV events, index.
     RequestPath(crate::bench_request_path::RequestPathBench),
+    /// A running frontend's KServe gRPC edge under load, side by side with its own
+    /// `/v1/completions`; or one `ModelStreamInfer` stream with many requests in flight.
+    Kserve(crate::bench_kserve::KserveBench),
 }
 
 /// Options of `kvmesh bench indexer-service`.
@@ -95,6 +98,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Routing(args) => crate::bench_routing::run(*args).await,
         BenchCommand::RouterService(args) => crate::bench_router_service::run(args).await,
         BenchCommand::RequestPath(args) => crate::bench_request_path::run(&args),
+        BenchCommand::Kserve(args) => crate::bench_kserve::run(args).await,
         BenchCommand::Indexer(args) => {
             let config = ReplayConfig {
                 workers: args.workers.max(1),

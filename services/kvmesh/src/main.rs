@@ -1,6 +1,7 @@
 //! `kvmesh`: the command-line entry point. `kvmesh up` runs the whole mesh in one process.
 
 mod bench;
+mod bench_kserve;
 mod bench_request_path;
 mod bench_router_service;
 mod bench_routing;
