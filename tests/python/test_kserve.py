@@ -2,6 +2,7 @@
 streaming APIs) and a raw grpcio stub: against `kvmesh up --kserve-grpc-port` and against
 `kvmesh-frontend --kserve-grpc-server` with mock workers over etcd + NATS."""
 import asyncio
+import json
 import os
 import queue
 import random
@@ -23,7 +24,7 @@ import tritonclient.grpc.service_pb2 as pb
 import tritonclient.grpc.service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
 
-from conftest import Mesh, Proc, free_port, start_distributed, wait_until, wait_ready
+from conftest import BIN_DIR, Mesh, Proc, free_port, start_distributed, wait_until, wait_ready
 from test_distributed import worker_load
 
 WINDOWS = {"DYN_GRPC_INITIAL_CONNECTION_WINDOW_SIZE": "16777216",
@@ -480,3 +481,20 @@ def test_numpy_1_and_2_decode_the_outputs(up_mesh, numpy_major):
     Path(script.name).unlink()
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [numpy_major, "1", "length"], out.stdout
+
+
+def test_bench_kserve_loads_both_edges_and_one_stream(up_mesh):
+    bench = [str(BIN_DIR / "kvmesh"), "bench", "kserve", "--grpc", up_mesh.grpc]
+    http = up_mesh.base_url.removeprefix("http://")
+    out = subprocess.run([*bench, "--http", http, "--concurrency", "4", "--duration", "1", "--rounds", "1"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    for side in ("kserve_infer", "completions"):
+        assert report[side]["requests"] > 0 and report[side]["failures"] == 0, report
+    assert report["rps_ratio"] > 0
+    out = subprocess.run([*bench, "--stream", "--concurrency", "8", "--rounds", "1"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["requests_in_flight"] == 8 and report["one_request_s"] > 0 and report["stream_batch_s"] > 0

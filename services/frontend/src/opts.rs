@@ -307,6 +307,27 @@ mod tests {
     }
 
     #[test]
+    fn kserve_modes_exclude_each_other_and_windows_are_bounded() {
+        let opts = FrontendOpts::try_parse_from(["f", "--kserve-grpc-server"]).unwrap();
+        assert!(opts.frontend.kserve.kserve_grpc_server);
+        assert_eq!(opts.frontend.kserve.grpc_metrics_port, 8788);
+        assert_eq!(opts.frontend.kserve.kserve_stream_concurrency, 64);
+        let opts =
+            FrontendOpts::try_parse_from(["f", "--kserve-grpc-server", "--kserve-grpc-port", "9"])
+                .unwrap();
+        let error = opts.frontend.validate().unwrap_err();
+        assert!(error.contains("--kserve-grpc-port"), "{error}");
+        let error = FrontendOpts::try_parse_from(["f", "--grpc-initial-stream-window-size", "100"])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("window"), "{error}");
+        let error = FrontendOpts::try_parse_from(["f", "--kserve-stream-concurrency", "0"])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("--kserve-stream-concurrency"), "{error}");
+    }
+
+    #[test]
     fn overload_status_falls_back() {
         assert_eq!(overload_status("503"), Ok(503));
         assert_eq!(overload_status("42"), Ok(529));

@@ -26,7 +26,8 @@ pub const STREAM_ENDPOINT: &str = "kserve_stream";
 
 /// A decoded, checked request, ready to start.
 pub struct Prepared {
-    request: ModelInferRequest,
+    model_name: String,
+    id: String,
     inputs: LlmInputs,
     entry: Arc<ModelEntry>,
     completion: CompletionRequest,
@@ -57,7 +58,7 @@ pub fn prepare(
         state.check_accepting()?;
         early.parsed(state, &request.model_name, false);
         let entry = find_model(&state.models, &request.model_name)?;
-        let inputs = tensors::decode_inputs(&request)?;
+        let mut inputs = tensors::decode_inputs(&request)?;
         early.stream = inputs.streaming;
         if inputs.streaming && !allow_streaming {
             return Err(FrontendError::invalid(
@@ -65,14 +66,16 @@ pub fn prepare(
                 Some("streaming"),
             ));
         }
-        let completion = tensors::completion_request(&request, &inputs)?;
+        let text = std::mem::take(&mut inputs.text);
+        let completion = tensors::completion_request(&request, text, inputs.streaming)?;
         let sampling = completion::check(&completion)?;
         let hints = routing_hints(state, &request)?;
         Ok((entry, inputs, completion, sampling, hints))
     })();
     match prepared {
         Ok((entry, inputs, completion, sampling, hints)) => Ok(Prepared {
-            request,
+            model_name: request.model_name,
+            id: request.id,
             inputs,
             entry,
             completion,
@@ -117,10 +120,11 @@ fn routing_hints(
     Ok(hints)
 }
 
-/// What a request's responses are built from: the request (model, id), its contents form and
-/// the worker serving it.
+/// What a request's responses are built from: its model and id, its contents form and the
+/// worker serving it.
 struct Reply {
-    request: ModelInferRequest,
+    model_name: String,
+    id: String,
     raw: bool,
     worker_id: u64,
 }
@@ -135,7 +139,14 @@ impl Reply {
         usage: Option<TokenUsage>,
     ) -> ModelInferResponse {
         let is_last = usage.is_some();
-        let mut response = tensors::response(&self.request, text, finish_reason, usage, self.raw);
+        let mut response = tensors::response(
+            &self.model_name,
+            &self.id,
+            text,
+            finish_reason,
+            usage,
+            self.raw,
+        );
         if is_last {
             response.parameters.insert(
                 "worker_id".into(),
@@ -163,7 +174,8 @@ async fn start(
     FrontendError,
 > {
     let Prepared {
-        request,
+        model_name,
+        id,
         inputs,
         entry,
         completion,
@@ -187,7 +199,8 @@ async fn start(
             started.deltas,
             scope,
             Reply {
-                request,
+                model_name,
+                id,
                 raw: inputs.raw,
                 worker_id: started.worker_id,
             },

@@ -151,16 +151,17 @@ fn is_empty(contents: &InferTensorContents) -> bool {
         && contents.bytes_contents.is_empty()
 }
 
-/// The completions request a KServe request stands for: `{model, prompt, stream, user: id}` and
+/// The completions request a KServe request with prompt `text` stands for: `{model, prompt, stream, user: id}` and
 /// the sampling parameters kvmesh maps (other parameter keys are ignored, as KServe allows).
 pub fn completion_request(
     request: &ModelInferRequest,
-    inputs: &LlmInputs,
+    text: String,
+    streaming: bool,
 ) -> Result<CompletionRequest, FrontendError> {
     let mut completion = CompletionRequest {
         model: request.model_name.clone(),
-        prompt: Prompt::Text(inputs.text.clone()),
-        stream: Some(inputs.streaming),
+        prompt: Prompt::Text(text),
+        stream: Some(streaming),
         user: (!request.id.is_empty()).then(|| request.id.clone()),
         ..CompletionRequest::default()
     };
@@ -220,19 +221,20 @@ fn invalid(message: String) -> FrontendError {
     FrontendError::invalid(message, None)
 }
 
-/// One response: `text_output` and `finish_reason` (empty while streaming), usage parameters
+/// One response to request `id` of `model_name`: `text_output` and `finish_reason` (empty while streaming), usage parameters
 /// when given, raw or typed contents as `raw` says.
 pub fn response(
-    request: &ModelInferRequest,
+    model_name: &str,
+    id: &str,
     text: &str,
     finish_reason: &str,
     usage: Option<TokenUsage>,
     raw: bool,
 ) -> ModelInferResponse {
     let mut response = ModelInferResponse {
-        model_name: request.model_name.clone(),
+        model_name: model_name.into(),
         model_version: "1".into(),
-        id: request.id.clone(),
+        id: id.into(),
         ..ModelInferResponse::default()
     };
     for (name, value) in [(TEXT_OUTPUT, text), (FINISH_REASON, finish_reason)] {

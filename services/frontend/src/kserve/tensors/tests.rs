@@ -135,7 +135,7 @@ fn parameters_map_to_the_completions_request() {
         ),
     ]);
     let inputs = decode_inputs(&request).unwrap();
-    let completion = completion_request(&request, &inputs).unwrap();
+    let completion = completion_request(&request, inputs.text.clone(), inputs.streaming).unwrap();
     assert_eq!(completion.model, "m");
     assert_eq!(completion.prompt, Prompt::Text("hi".into()));
     assert_eq!(completion.max_tokens, Some(7));
@@ -149,7 +149,7 @@ fn parameters_map_to_the_completions_request() {
         "max_tokens".into(),
         parameter(ParameterChoice::StringParam("7".into())),
     )]);
-    let error = completion_request(&request, &inputs).unwrap_err();
+    let error = completion_request(&request, inputs.text.clone(), inputs.streaming).unwrap_err();
     assert_eq!(error.code(), ErrorCode::InvalidArgument);
     assert!(
         error
@@ -166,7 +166,14 @@ fn outputs_take_the_form_of_the_inputs() {
         completion_tokens: 2,
         cached_tokens: 0,
     };
-    let raw = response(&request, "ok", "stop", Some(usage), true);
+    let raw = response(
+        &request.model_name,
+        &request.id,
+        "ok",
+        "stop",
+        Some(usage),
+        true,
+    );
     assert_eq!(
         (raw.id.as_str(), raw.model_version.as_str()),
         ("req-1", "1")
@@ -180,7 +187,7 @@ fn outputs_take_the_form_of_the_inputs() {
         raw.parameters["completion_tokens"].parameter_choice,
         Some(ParameterChoice::Int64Param(2))
     );
-    let typed = response(&request, "ok", "", None, false);
+    let typed = response(&request.model_name, &request.id, "ok", "", None, false);
     assert!(typed.raw_output_contents.is_empty());
     let texts: Vec<_> = typed
         .outputs
