@@ -24,7 +24,8 @@ import tritonclient.grpc.service_pb2 as pb
 import tritonclient.grpc.service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
 
-from conftest import BIN_DIR, Mesh, Proc, free_port, start_distributed, wait_until, wait_ready
+from conftest import BIN_DIR, free_port, start_distributed, wait_until
+from test_admission import start_up as start_up_http
 from test_distributed import worker_load
 
 WINDOWS = {"DYN_GRPC_INITIAL_CONNECTION_WINDOW_SIZE": "16777216",
@@ -32,18 +33,10 @@ WINDOWS = {"DYN_GRPC_INITIAL_CONNECTION_WINDOW_SIZE": "16777216",
 
 
 def start_up(name, args, env=None, workers=2):
-    port, grpc_port = free_port(), free_port()
-    proc = Proc(name, ["kvmesh", "up", "--http-host", "127.0.0.1", "--http-port", str(port),
-                       "--kserve-grpc-port", str(grpc_port), "--num-workers", str(workers),
-                       "--tcp-rpc-port", str(free_port()), *args], env)
-    mesh = Mesh(f"http://127.0.0.1:{port}", [proc])
+    """`kvmesh up` with KServe gRPC on its own port (`mesh.grpc`) beside the HTTP edge."""
+    grpc_port = free_port()
+    mesh = start_up_http(name, ["--kserve-grpc-port", str(grpc_port), *args], env, workers)
     mesh.grpc = f"127.0.0.1:{grpc_port}"
-    try:
-        wait_ready(mesh.base_url, "tiny", workers, [proc])
-    except BaseException:
-        print(proc.output()[-4000:])
-        mesh.stop()
-        raise
     return mesh
 
 

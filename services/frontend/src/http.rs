@@ -83,7 +83,7 @@ pub fn app(state: Arc<AppState>) -> AxumRouter {
     let body_limit = usize::try_from(state.settings.body_limit_mb.saturating_mul(1024 * 1024))
         .unwrap_or(usize::MAX);
     let path = |name: &str, default: &str| route_path(name, default);
-    AxumRouter::new()
+    let routes = AxumRouter::new()
         .route(
             &path("DYN_HTTP_SVC_CHAT_PATH", "/v1/chat/completions"),
             post(chat::chat_completions),
@@ -92,29 +92,19 @@ pub fn app(state: Arc<AppState>) -> AxumRouter {
             &path("DYN_HTTP_SVC_CMP_PATH", "/v1/completions"),
             post(completions::completions),
         )
-        .route(
-            &path("DYN_HTTP_SVC_MODELS_PATH", "/v1/models"),
-            get(infra::list_models),
-        )
-        .route(
-            &path("DYN_HTTP_SVC_HEALTH_PATH", "/health"),
-            get(infra::health),
-        )
-        .route(&path("DYN_HTTP_SVC_LIVE_PATH", "/live"), get(infra::live))
         .merge(admin_routes(&state))
-        .route(
-            &path("DYN_HTTP_SVC_METRICS_PATH", "/metrics"),
-            get(infra::metrics),
-        )
-        .fallback(infra::not_found)
-        .method_not_allowed_fallback(infra::method_not_allowed)
-        .layer(DefaultBodyLimit::max(body_limit))
-        .with_state(state)
+        .layer(DefaultBodyLimit::max(body_limit));
+    with_fallbacks(routes.merge(infra_routes()), state)
 }
 
 /// The side HTTP server of `--kserve-grpc-server` mode: `/metrics`, `/health`, `/live` and
 /// `/v1/models`, no inference routes.
 pub fn side_app(state: Arc<AppState>) -> AxumRouter {
+    with_fallbacks(infra_routes(), state)
+}
+
+/// `/v1/models`, `/health`, `/live` and `/metrics`, on every HTTP server the frontend runs.
+fn infra_routes() -> AxumRouter<Arc<AppState>> {
     let path = |name: &str, default: &str| route_path(name, default);
     AxumRouter::new()
         .route(
@@ -130,6 +120,11 @@ pub fn side_app(state: Arc<AppState>) -> AxumRouter {
             &path("DYN_HTTP_SVC_METRICS_PATH", "/metrics"),
             get(infra::metrics),
         )
+}
+
+/// The OpenAI-shaped 404 and 405 answers, then the state.
+fn with_fallbacks(routes: AxumRouter<Arc<AppState>>, state: Arc<AppState>) -> AxumRouter {
+    routes
         .fallback(infra::not_found)
         .method_not_allowed_fallback(infra::method_not_allowed)
         .with_state(state)
