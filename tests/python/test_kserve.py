@@ -268,8 +268,7 @@ def test_typed_contents_from_a_raw_grpcio_stub_get_typed_outputs(kserve_mesh):
         assert response.parameters["completion_tokens"].int64_param == 3
         # Mixed raw and typed contents is one form too many.
         mixed = typed_request()
-        flag = mixed.inputs.add(name="streaming", datatype="BOOL", shape=[1])
-        assert flag.name == "streaming"
+        mixed.inputs.add(name="streaming", datatype="BOOL", shape=[1])
         mixed.raw_input_contents.extend([struct.pack("<I", 1) + b"x", b"\x00"])
         with pytest.raises(grpc.RpcError) as failure:
             stub.ModelInfer(mixed, timeout=30)

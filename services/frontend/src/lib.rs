@@ -139,7 +139,17 @@ pub async fn run(
         draining: AtomicBool::new(false),
     });
     let kserve = &args.kserve;
+    // Every listener is bound before the frontend registers, so a port in use stops it unseen.
     let (listener, local) = bind(&http.http_host, http.http_port, "--http-port").await?;
+    let (side_port, side_flag) = if kserve.kserve_grpc_server {
+        (Some(kserve.grpc_metrics_port), "--grpc-metrics-port")
+    } else {
+        (kserve.kserve_grpc_port, "--kserve-grpc-port")
+    };
+    let side = match side_port {
+        Some(port) => Some(bind(&http.http_host, port, side_flag).await?),
+        None => None,
+    };
     let namespace = args
         .namespace
         .clone()
@@ -157,19 +167,14 @@ pub async fn run(
         // KServe gRPC takes the HTTP port; the side server keeps health and metrics.
         kserve::serve(&mut lifecycle, listener, state.clone(), kserve);
         tracing::info!(address = %local, "frontend KServe gRPC listening");
-        let (side, side_local) = bind(
-            &http.http_host,
-            kserve.grpc_metrics_port,
-            "--grpc-metrics-port",
-        )
-        .await?;
-        serve_http(&mut lifecycle, side, http::side_app(state.clone()));
-        tracing::info!(address = %side_local, "frontend metrics listening");
+        if let Some((side, side_local)) = side {
+            serve_http(&mut lifecycle, side, http::side_app(state.clone()));
+            tracing::info!(address = %side_local, "frontend metrics listening");
+        }
     } else {
         serve_http(&mut lifecycle, listener, http::app(state.clone()));
         tracing::info!(address = %local, "frontend listening");
-        if let Some(port) = kserve.kserve_grpc_port {
-            let (grpc, grpc_local) = bind(&http.http_host, port, "--kserve-grpc-port").await?;
+        if let Some((grpc, grpc_local)) = side {
             kserve::serve(&mut lifecycle, grpc, state.clone(), kserve);
             tracing::info!(address = %grpc_local, "frontend KServe gRPC listening");
         }
