@@ -179,8 +179,9 @@ def test_queued_requests_leave_in_priority_order():
 
 @pytest.fixture(scope="module")
 def pin_meshes():
-    normal = start_up("up-pins", ["--speedup-ratio", "100"])
-    disabled = start_up("up-nonvext", ["--speedup-ratio", "100"], {"DYN_DISABLE_FRONTEND_NVEXT": "1"})
+    normal = start_up("up-pins", ["--speedup-ratio", "100", "--enable-anthropic-api"])
+    disabled = start_up("up-nonvext", ["--speedup-ratio", "100", "--enable-anthropic-api"],
+                        {"DYN_DISABLE_FRONTEND_NVEXT": "1"})
     yield normal, disabled
     normal.stop()
     disabled.stop()
@@ -267,3 +268,27 @@ def test_a_model_waits_for_its_minimum_of_workers():
         assert requests.get(f"{mesh.base_url}/health", timeout=5).status_code == 503
     finally:
         mesh.stop()
+
+
+PINNED_ENDPOINTS = {
+    "/v1/completions": {"prompt": [4, 5, 6], "max_tokens": 1},
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+    "/v1/responses": {"input": "hi", "max_output_tokens": 1},
+    "/v1/messages": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+    "/v1/embeddings": {"input": "hi"},
+}
+
+
+def test_nvext_switch_holds_on_every_endpoint(pin_meshes):
+    """A pin to a worker that does not exist finds none (503) on every endpoint; with
+    DYN_DISABLE_FRONTEND_NVEXT the same request ignores the pin and is served."""
+    normal, disabled = pin_meshes
+    for path, body in PINNED_ENDPOINTS.items():
+        pinned = {"model": "tiny", **body, "nvext": {"backend_instance_id": 12345}}
+        r = requests.post(f"{normal.base_url}{path}", json=pinned, timeout=30)
+        assert r.status_code == 503, (path, r.text)
+        r = requests.post(f"{disabled.base_url}{path}", json=pinned, timeout=30)
+        assert r.status_code == 200, (path, r.text)
+        headed = requests.post(f"{disabled.base_url}{path}", json={"model": "tiny", **body}, timeout=30,
+                               headers={"x-dynamo-worker-instance-id": "12345"})
+        assert headed.status_code == 200, (path, headed.text)

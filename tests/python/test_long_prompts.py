@@ -55,8 +55,10 @@ def metric(mesh, name, **labels):
     """The value of one series of /metrics, 0 when absent."""
     text = requests.get(f"{mesh.base_url}/metrics", timeout=5).text
     want = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    pattern = re.compile(rf"^dynamo_frontend_{name}(\{{{re.escape(want)}\}})?\s+(\S+)$" if want else
-                         rf"^dynamo_frontend_{name}\s+(\S+)$", re.M)
+    # kvmesh's own series carry their full name; Dynamo's are under dynamo_frontend_.
+    name = name if name.startswith("kvmesh_") else f"dynamo_frontend_{name}"
+    pattern = re.compile(rf"^{name}(\{{{re.escape(want)}\}})?\s+(\S+)$" if want else
+                         rf"^{name}\s+(\S+)$", re.M)
     match = pattern.search(text)
     return float(match.groups()[-1]) if match else 0.0
 
@@ -87,10 +89,10 @@ def test_stage_histograms_and_the_prefix_cache_move_as_requests_are_served(long_
     client = long_mesh.client(timeout=60)
     before = {stage: metric(long_mesh, "stage_duration_seconds_count", stage=stage)
               for stage in ("template", "tokenize", "preprocess", "hash", "route", "dispatch", "first_token")}
-    hits = metric(long_mesh, "tokenizer_prefix_cache_hits_total")
-    reused = metric(long_mesh, "tokenizer_prefix_cache_reused_tokens_total")
-    hash_hits = metric(long_mesh, "router_block_hash_cache_hits_total")
-    reused_blocks = metric(long_mesh, "router_block_hash_cache_reused_blocks_total")
+    hits = metric(long_mesh, "kvmesh_tokenizer_prefix_cache_hits_total")
+    reused = metric(long_mesh, "kvmesh_tokenizer_prefix_cache_reused_tokens_total")
+    hash_hits = metric(long_mesh, "kvmesh_router_block_hash_cache_hits_total")
+    reused_blocks = metric(long_mesh, "kvmesh_router_block_hash_cache_reused_blocks_total")
     tokenize_calls = metric(long_mesh, "tokenizer_latency_ms_count", operation="tokenize")
     history = [{"role": "system", "content": corpus(60_000)}]
     for turn in range(3):
@@ -102,20 +104,20 @@ def test_stage_histograms_and_the_prefix_cache_move_as_requests_are_served(long_
     assert metric(long_mesh, "tokenizer_latency_ms_count", operation="tokenize") >= tokenize_calls + 3
     assert metric(long_mesh, "tokenizer_latency_ms_count", operation="detokenize") > 0
     # Turns 2 and 3 re-send the history: both reuse the earlier turn's tokens.
-    assert metric(long_mesh, "tokenizer_prefix_cache_hits_total") >= hits + 2
-    assert metric(long_mesh, "tokenizer_prefix_cache_reused_tokens_total") >= reused + 2 * 15_000
-    assert metric(long_mesh, "tokenizer_prefix_cache_bytes") > 0
+    assert metric(long_mesh, "kvmesh_tokenizer_prefix_cache_hits_total") >= hits + 2
+    assert metric(long_mesh, "kvmesh_tokenizer_prefix_cache_reused_tokens_total") >= reused + 2 * 15_000
+    assert metric(long_mesh, "kvmesh_tokenizer_prefix_cache_bytes") > 0
     # And the router hashes only their new blocks: every full 64-token block (the mock engine's
     # block size) of the reused tokens.
-    assert metric(long_mesh, "router_block_hash_cache_hits_total") >= hash_hits + 2
-    reused_tokens = metric(long_mesh, "tokenizer_prefix_cache_reused_tokens_total") - reused
-    reused_blocks = metric(long_mesh, "router_block_hash_cache_reused_blocks_total") - reused_blocks
+    assert metric(long_mesh, "kvmesh_router_block_hash_cache_hits_total") >= hash_hits + 2
+    reused_tokens = metric(long_mesh, "kvmesh_tokenizer_prefix_cache_reused_tokens_total") - reused
+    reused_blocks = metric(long_mesh, "kvmesh_router_block_hash_cache_reused_blocks_total") - reused_blocks
     assert reused_blocks * 64 >= reused_tokens - 2 * 64, (reused_blocks, reused_tokens)
-    assert metric(long_mesh, "router_block_hash_cache_bytes") > 0
+    assert metric(long_mesh, "kvmesh_router_block_hash_cache_bytes") > 0
 
 
 def test_the_preprocessing_pool_has_the_size_asked_for_and_runs_at_lower_priority(long_mesh):
-    assert metric(long_mesh, "preprocess_workers") == 3
+    assert metric(long_mesh, "kvmesh_preprocess_workers") == 3
     tasks = Path(f"/proc/{long_mesh.procs[0].proc.pid}/task")
 
     def nice(task):  # field 19 of /proc/<pid>/task/<tid>/stat, after the parenthesised name

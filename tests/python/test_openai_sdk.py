@@ -260,3 +260,103 @@ def test_failures_before_a_model_is_resolved_are_counted(kvmesh_up):
     assert "no-such-model" not in requests.get(f"{kvmesh_up.base_url}/metrics", timeout=5).text
     assert [count(unknown_validation), count(unknown_not_found), count(tiny_not_implemented)] == \
         [b + 1 for b in before]
+
+
+def test_embeddings_shapes_determinism_and_encodings(kvmesh_up):
+    import base64
+    import struct
+
+    def f32(vector):
+        # JSON carries the shortest text of each f32; base64 its exact bits.
+        return list(struct.unpack(f"<{len(vector)}f", struct.pack(f"<{len(vector)}f", *vector)))
+
+    client = kvmesh_up.client()
+    texts = ["the cache holds the prefix", "a different sentence", "the cache holds the prefix"]
+    resp = client.embeddings.create(model="tiny", input=texts, encoding_format="float")
+    assert resp.object == "list" and resp.model == "tiny"
+    assert [d.index for d in resp.data] == [0, 1, 2]
+    vectors = [d.embedding for d in resp.data]
+    assert len({len(v) for v in vectors}) == 1 and len(vectors[0]) > 8
+    assert vectors[0] == vectors[2] and vectors[0] != vectors[1]
+    assert abs(sum(x * x for x in vectors[1]) - 1.0) < 1e-4
+    assert resp.usage.prompt_tokens == resp.usage.total_tokens > 0
+    # The SDK asks for base64 by default and decodes it; a raw base64 answer decodes to the same
+    # floats the float encoding gives.
+    assert f32(client.embeddings.create(model="tiny", input=texts[0]).data[0].embedding) == f32(vectors[0])
+    raw = requests.post(f"{kvmesh_up.base_url}/v1/embeddings", timeout=10, json={
+        "model": "tiny", "input": texts[0], "encoding_format": "base64"}).json()
+    packed = base64.b64decode(raw["data"][0]["embedding"])
+    assert list(struct.unpack(f"<{len(packed) // 4}f", packed)) == f32(vectors[0])
+    short = client.embeddings.create(model="tiny", input=texts, dimensions=16, encoding_format="float")
+    assert all(len(d.embedding) == 16 for d in short.data)
+    tokens = client.embeddings.create(model="tiny", input=[[5, 6, 7], [5, 6, 7]], encoding_format="float")
+    assert tokens.data[0].embedding == tokens.data[1].embedding and tokens.usage.prompt_tokens == 6
+
+
+def test_embeddings_reject_bad_input(kvmesh_up):
+    client = kvmesh_up.client()
+    for kwargs, param in [(dict(input=[]), "input"), (dict(input="x", dimensions=0), "dimensions"),
+                          (dict(input="x", encoding_format="hex"), "encoding_format"),
+                          (dict(input=[[10**9]]), "input")]:
+        with pytest.raises(openai.BadRequestError) as error:
+            client.embeddings.create(model="tiny", **kwargs)
+        assert error.value.body["param"] == param, kwargs
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="nope", input="x")
+
+
+DYNAMO_SERIES = [
+    "dynamo_frontend_requests_total", "dynamo_frontend_queued_requests",
+    "dynamo_frontend_active_requests", "dynamo_frontend_inflight_requests",
+    "dynamo_frontend_disconnected_clients", "dynamo_frontend_request_duration_seconds_count",
+    "dynamo_frontend_input_sequence_tokens_count", "dynamo_frontend_output_sequence_tokens_count",
+    "dynamo_frontend_output_tokens_total", "dynamo_frontend_time_to_first_token_seconds_count",
+    "dynamo_frontend_inter_token_latency_seconds_count", "dynamo_frontend_cached_tokens_count",
+    "dynamo_frontend_kv_hit_rate_count", "dynamo_frontend_tokenizer_latency_ms_count",
+    "dynamo_frontend_model_total_kv_blocks", "dynamo_frontend_model_max_num_seqs",
+    "dynamo_frontend_model_max_num_batched_tokens", "dynamo_frontend_model_context_length",
+    "dynamo_frontend_model_kv_cache_block_size", "dynamo_frontend_model_migration_limit",
+    "dynamo_frontend_model_cancellation_total",
+    "dynamo_frontend_worker_last_time_to_first_token_seconds",
+    "dynamo_frontend_worker_last_input_sequence_tokens",
+    "dynamo_frontend_worker_last_inter_token_latency_seconds",
+    "dynamo_frontend_router_queue_pending_requests", "dynamo_frontend_stage_duration_seconds_count",
+    "dynamo_component_router_requests_total",
+    "dynamo_component_router_time_to_first_token_seconds_count",
+    "dynamo_component_router_inter_token_latency_seconds_count",
+    "dynamo_component_router_input_sequence_tokens_count",
+    "dynamo_component_router_output_sequence_tokens_count",
+    "dynamo_component_router_kv_hit_rate_count",
+    "dynamo_router_overhead_block_hashing_ms_count", "dynamo_router_overhead_scheduling_ms_count",
+    "dynamo_router_overhead_total_ms_count", "router_active_sequence_stride_mismatches_total",
+]
+
+
+def series_totals(mesh):
+    """Sum of every sample of each series name in /metrics."""
+    totals = {}
+    for line in requests.get(f"{mesh.base_url}/metrics", timeout=5).text.splitlines():
+        if line and not line.startswith("#"):
+            name = line.split("{")[0].split(" ")[0]
+            totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+def test_metrics_use_dynamos_names_and_kvmesh_prefix_for_its_own(kvmesh_up):
+    before = series_totals(kvmesh_up)
+    chat(kvmesh_up, max_tokens=6)
+    after = series_totals(kvmesh_up)
+    missing = [name for name in DYNAMO_SERIES if name not in after]
+    assert missing == []
+    for name in ["dynamo_component_router_requests_total", "dynamo_frontend_kv_hit_rate_count",
+                 "dynamo_component_router_output_sequence_tokens_count",
+                 "dynamo_router_overhead_total_ms_count"]:
+        assert after[name] == before.get(name, 0.0) + 1, name
+    assert after["dynamo_component_router_output_sequence_tokens_sum"] - before.get(
+        "dynamo_component_router_output_sequence_tokens_sum", 0.0) == 6
+    assert after["dynamo_frontend_queued_requests"] == 0 and after["dynamo_frontend_active_requests"] == 0
+    assert after["dynamo_frontend_worker_last_input_sequence_tokens"] > 0
+    assert "kvmesh_tokenizer_prefix_cache_hits_total" in after and "kvmesh_preprocess_workers" in after
+    assert not any(name.startswith("dynamo_frontend_tokenizer_prefix_cache") for name in after)
+    foreign = [n for n in after if not n.startswith(("dynamo_", "kvmesh_", "router_active_sequence"))]
+    assert foreign == []

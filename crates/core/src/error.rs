@@ -63,6 +63,18 @@ impl ErrorCode {
         }
     }
 
+    /// The Anthropic error `type` string for this code (the Messages API's error shape).
+    pub fn anthropic_type(self) -> &'static str {
+        match self {
+            Self::InvalidArgument | Self::MethodNotAllowed => "invalid_request_error",
+            Self::NotFound => "not_found_error",
+            Self::PayloadTooLarge => "request_too_large",
+            Self::Unavailable | Self::Overloaded => "overloaded_error",
+            Self::Timeout => "timeout_error",
+            Self::NotImplemented | Self::Cancelled | Self::Internal => "api_error",
+        }
+    }
+
     /// The `error_type` label of `requests_total` for this code.
     pub fn metric_label(self) -> &'static str {
         match self {

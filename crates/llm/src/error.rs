@@ -74,6 +74,25 @@ pub enum LlmError {
 }
 
 impl LlmError {
+    /// The error for a `type` this server does not handle: not implemented when `kind` is one of
+    /// the `recognised` types of the API (a valid request this release cannot serve), the
+    /// client's mistake naming `param` otherwise.
+    pub fn unhandled_kind(
+        kind: &str,
+        recognised: &[&str],
+        param: &'static str,
+        message: String,
+    ) -> Self {
+        if recognised.contains(&kind) {
+            Self::Unsupported(message)
+        } else {
+            Self::InvalidRequest {
+                param: Some(param),
+                message,
+            }
+        }
+    }
+
     /// Which kind of failure this is; the frontend turns it into an HTTP or gRPC status.
     pub fn code(&self) -> LlmErrorCode {
         match self {

@@ -6,11 +6,13 @@
 //! shared (`Arc`) by all requests, and a [`Detokenizer`] plus a [`StopMatcher`] are created per
 //! choice.
 
+pub mod anthropic;
 mod detokenizer;
 mod error;
 mod model_dir;
 pub mod openai;
 pub mod prefix_cache;
+pub mod responses;
 mod stop;
 mod template;
 mod tokenizer;

@@ -10,6 +10,7 @@ mod chat;
 mod chat_response;
 mod common;
 mod completion;
+mod embeddings;
 mod error;
 mod logprobs;
 mod models;
@@ -29,6 +30,9 @@ pub use common::{
 pub use completion::{
     CompletionChoice, CompletionChunk, CompletionChunkChoice, CompletionRequest,
     CompletionResponse, Prompt,
+};
+pub use embeddings::{
+    EmbeddingObject, EmbeddingValue, EmbeddingsRequest, EmbeddingsResponse, EmbeddingsUsage,
 };
 pub use error::{ErrorCodeValue, ErrorDetail, ErrorResponse, StreamErrorBody};
 pub use logprobs::{ChatLogprob, ChatLogprobs, CompletionLogprobs, TopLogprob, TopLogprobMap};

@@ -12,7 +12,10 @@ use std::time::Duration;
 use clap::Args;
 use kvmesh_core::flags::{negatable, parse_bool};
 
+mod later;
 mod values;
+
+pub use self::later::{AisArgs, LaterRouterArgs};
 
 use self::values::{
     finite_non_negative, nullable_fraction, nullable_non_negative, nullable_tokens, positive,
@@ -196,12 +199,18 @@ pub struct RouterArgs {
     /// process from the event stream.
     #[arg(long, env = "DYN_USE_REMOTE_INDEXER", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
     pub use_remote_indexer: bool,
+    /// Turn --use-remote-indexer off.
+    #[arg(long, overrides_with = "use_remote_indexer")]
+    pub no_use_remote_indexer: bool,
 
     /// Also serve this process's index as `kvmesh.v1.Indexer` (registered as an indexer replica
     /// owning every partition) on --tcp-rpc-host/--tcp-rpc-port; needs kv mode, not with
     /// --use-remote-indexer.
     #[arg(long, env = "DYN_SERVE_INDEXER", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
     pub serve_indexer: bool,
+    /// Turn --serve-indexer off.
+    #[arg(long, overrides_with = "serve_indexer")]
+    pub no_serve_indexer: bool,
 
     /// Share active load with router replicas.
     #[arg(long, env = "DYN_ROUTER_REPLICA_SYNC", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
@@ -296,6 +305,10 @@ pub struct RouterArgs {
     /// Weight of an accelerator worker against a CPU worker in device-aware-weighted mode.
     #[arg(long, hide = true, env = "DYN_ENCODER_CUDA_TO_CPU_RATIO", default_value_t = 8.0, value_parser = positive, allow_negative_numbers = true)]
     pub encoder_cuda_to_cpu_ratio: f64,
+
+    /// Dynamo's router flags that kvmesh accepts but does not act on yet.
+    #[command(flatten)]
+    pub later: LaterRouterArgs,
 }
 
 impl RouterArgs {
@@ -342,14 +355,15 @@ impl RouterArgs {
             active_request_expiry: Duration::from_secs(self.router_active_request_expiry_secs),
             overlap_refresh_after: (self.router_overlap_refresh_after_secs > 0.0)
                 .then(|| Duration::from_secs_f64(self.router_overlap_refresh_after_secs)),
-            use_remote_indexer: self.use_remote_indexer,
-            serve_indexer: self.serve_indexer,
+            use_remote_indexer: negatable(self.use_remote_indexer, self.no_use_remote_indexer),
+            serve_indexer: negatable(self.serve_indexer, self.no_serve_indexer),
             block_hash_cache_bytes: usize::try_from(
                 self.router_block_hash_cache_mb.saturating_mul(1 << 20),
             )
             .unwrap_or(usize::MAX),
         };
         self.check_unsupported()?;
+        self.later_notices(&env)?;
         if let Some(weight) = self.legacy_weight(&env)? {
             apply_legacy_overlap_weight(
                 weight,
@@ -384,6 +398,38 @@ impl RouterArgs {
         .resolved();
         config.validate()?;
         Ok(config)
+    }
+
+    /// Every WARN line start-up logs: deprecated spellings in `argv` and deprecated options in
+    /// use, then each accepted flag kvmesh does not act on yet and what it does instead.
+    pub fn startup_warnings<I, S>(&self, argv: I) -> Vec<String>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut warnings = self.deprecation_warnings(argv);
+        warnings.extend(
+            self.later_notices(&|name: &str| std::env::var(name).ok())
+                .unwrap_or_default(),
+        );
+        warnings
+    }
+
+    fn later_notices(
+        &self,
+        env: &impl Fn(&str) -> Option<String>,
+    ) -> Result<Vec<String>, ConfigError> {
+        let kv_mode =
+            self.router_mode == RouterMode::Kv || negatable(self.load_aware, self.no_load_aware);
+        self.later.notices(
+            env,
+            &self.router_prefill_load_model,
+            kv_mode,
+            negatable(
+                self.router_track_prefill_tokens,
+                self.no_router_track_prefill_tokens,
+            ),
+        )
     }
 
     /// One WARN line per deprecated spelling in `argv` and per deprecated option in use.
@@ -428,15 +474,11 @@ impl RouterArgs {
         }
         if self.router_tracking_key_file.is_some() || self.router_tracking_key_id.is_some() {
             return Err(ConfigError(
-                "--router-tracking-key-file / --router-tracking-key-id: only used by keyed-xxh3-v1, which is not supported in this release".into(),
+                "--router-tracking-key-file (DYN_ROUTER_TRACKING_KEY_FILE) / --router-tracking-key-id (DYN_ROUTER_TRACKING_KEY_ID): only used by keyed-xxh3-v1, which is not supported in this release".into(),
             ));
         }
         match self.router_prefill_load_model.as_str() {
-            "none" => Ok(()),
-            "aic" | "ais" => Err(ConfigError(format!(
-                "--router-prefill-load-model (DYN_ROUTER_PREFILL_LOAD_MODEL): {} is not supported in this release; use none",
-                self.router_prefill_load_model
-            ))),
+            "none" | "aic" | "ais" => Ok(()),
             other => Err(ConfigError(format!(
                 "--router-prefill-load-model (DYN_ROUTER_PREFILL_LOAD_MODEL): unknown model {other:?}; expected none, aic or ais"
             ))),

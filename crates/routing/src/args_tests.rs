@@ -362,3 +362,99 @@ fn features_of_later_releases_are_refused_naming_the_flag() {
         assert!(message.contains(flag), "{args:?}: {message}");
     }
 }
+
+fn later_warnings(args: &[&str], env: &[(&str, &str)]) -> Result<Vec<String>, String> {
+    let cli = Cli::try_parse_from(std::iter::once("x").chain(args.iter().copied()))
+        .map_err(|e| e.to_string())?;
+    let lookup = |name: &str| {
+        env.iter()
+            .find(|(key, _)| *key == name)
+            .map(|(_, value)| value.to_string())
+    };
+    cli.router
+        .to_config_with_env(lookup)
+        .map_err(|e| e.to_string())?;
+    cli.router.later_notices(&lookup).map_err(|e| e.to_string())
+}
+
+#[test]
+fn later_flags_start_with_one_warning_each_and_validate_their_values() {
+    assert_eq!(later_warnings(&[], &[]).unwrap(), Vec::<String>::new());
+    let warned = later_warnings(
+        &[
+            "--router-conditional-disagg",
+            "--router-conditional-disagg-config",
+            r#"{"policy":"x","eff_isl_threshold":4}"#,
+            "--enable-session-prefix-index",
+            "--shared-cache-type",
+            "hicache",
+            "--router-active-sequence-stride",
+            "4",
+            "--router-prefill-policy",
+            "default",
+        ],
+        &[],
+    )
+    .unwrap();
+    assert_eq!(warned.len(), 5, "{warned:?}");
+    assert!(warned.iter().all(|w| w.contains("not implemented yet")));
+    assert!(warned[0].contains("--router-prefill-policy"), "{warned:?}");
+    let message = later_warnings(
+        &["--router-conditional-disagg-config", r#"{"nope":1}"#],
+        &[],
+    )
+    .unwrap_err();
+    assert!(
+        message.contains("--router-conditional-disagg-config"),
+        "{message}"
+    );
+    let message = later_warnings(&["--shared-cache-multiplier", "2"], &[]).unwrap_err();
+    assert!(message.contains("--shared-cache-multiplier"), "{message}");
+    let message = later_warnings(&["--router-policy-config", "/no/such.yaml"], &[]).unwrap_err();
+    assert!(message.contains("--router-policy-config"), "{message}");
+}
+
+#[test]
+fn aic_prefill_model_needs_its_options_and_reads_the_older_spelling() {
+    let kv = ["--router-mode", "kv", "--router-prefill-load-model", "aic"];
+    let message = later_warnings(&kv, &[]).unwrap_err();
+    assert!(message.contains("--ais-backend"), "{message}");
+    let legacy = [
+        ("DYN_AIC_BACKEND", "vllm"),
+        ("DYN_AIC_SYSTEM", "h200_sxm"),
+        ("DYN_AIC_MODEL_PATH", "m"),
+    ];
+    let warned = later_warnings(&kv, &legacy).unwrap();
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert!(
+        warned[0].contains("--router-prefill-load-model aic"),
+        "{warned:?}"
+    );
+    let mut aliased = kv.to_vec();
+    aliased.extend([
+        "--aic-backend",
+        "vllm",
+        "--ais-system",
+        "s",
+        "--aic-model-path",
+        "m",
+    ]);
+    assert!(later_warnings(&aliased, &[]).is_ok());
+    let message = later_warnings(&["--router-prefill-load-model", "aic"], &legacy).unwrap_err();
+    assert!(message.contains("--router-mode kv"), "{message}");
+    let message = later_warnings(
+        &[
+            "--ais-tp-size",
+            "2",
+            "--aic-moe-tp-size",
+            "3",
+            "--ais-moe-ep-size",
+            "1",
+        ],
+        &[],
+    )
+    .unwrap_err();
+    assert!(message.contains("moe"), "{message}");
+    let message = later_warnings(&[], &[("DYN_AIC_TP_SIZE", "zero")]).unwrap_err();
+    assert!(message.contains("DYN_AIC_TP_SIZE"), "{message}");
+}

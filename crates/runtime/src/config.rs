@@ -12,6 +12,10 @@ use clap::{ArgMatches, Args, Command, ValueEnum};
 
 pub use kvmesh_core::flags::{check_unique_env, env_truthy, is_truthy, negatable, parse_bool};
 
+mod tls;
+
+pub use self::tls::TlsOpts;
+
 use crate::telemetry::LogFormat;
 use crate::{Error, Result};
 
@@ -67,6 +71,16 @@ pub enum RequestPlane {
     Nats,
 }
 
+/// How responses travel back; `tcp` is the same gRPC stream as the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ResponsePlane {
+    /// The request's gRPC stream.
+    Tcp,
+    /// QUIC (not yet supported: refuses to start).
+    Quic,
+}
+
 /// How events (KV events, load) travel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -87,6 +101,10 @@ pub struct RuntimeOpts {
     /// Request plane; `tcp` is gRPC over TCP.
     #[arg(long, env = env::REQUEST_PLANE, value_enum, default_value = "tcp")]
     pub request_plane: RequestPlane,
+
+    /// Response plane; `tcp` streams responses on the request's gRPC stream.
+    #[arg(long, env = "DYN_RESPONSE_PLANE", value_enum, default_value = "tcp")]
+    pub response_plane: ResponsePlane,
 
     /// Event plane; unset picks NATS (in-process with mem discovery).
     #[arg(long, env = env::EVENT_PLANE, value_enum)]
@@ -127,6 +145,10 @@ pub struct RuntimeOpts {
     /// Port of this process's internal gRPC server (0 = any free port).
     #[arg(long, env = env::TCP_RPC_PORT, default_value_t = 0)]
     pub tcp_rpc_port: u16,
+
+    /// TLS of the edge, the internal gRPC and NATS.
+    #[command(flatten)]
+    pub tls: TlsOpts,
 }
 
 impl RuntimeOpts {
@@ -148,7 +170,12 @@ impl RuntimeOpts {
                 "--event-plane (DYN_EVENT_PLANE): zmq is not supported yet; use nats".into(),
             ));
         }
-        Ok(())
+        if self.response_plane == ResponsePlane::Quic {
+            return Err(Error::Config(
+                "--response-plane (DYN_RESPONSE_PLANE): quic is not supported yet; use tcp".into(),
+            ));
+        }
+        self.tls.check().map_err(Error::Config)
     }
 
     /// Root of the file discovery backend.
@@ -294,10 +321,39 @@ mod tests {
     }
 
     #[test]
+    fn tls_options_are_checked_in_pairs_then_refused_naming_the_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let pem = dir.path().join("cert.pem");
+        std::fs::write(&pem, "x").unwrap();
+        let pem = pem.to_str().unwrap();
+        let error = |args: &[&str]| {
+            let opts = TestOpts::try_parse_from(std::iter::once("x").chain(args.iter().copied()))
+                .map_err(|e| e.to_string())?;
+            opts.runtime.validate().map_err(|e| e.to_string())
+        };
+        assert!(error(&[]).is_ok());
+        let missing = error(&["--tls-cert-path", "/no/such.pem"]).unwrap_err();
+        assert!(missing.contains("--tls-cert-path"), "{missing}");
+        let unpaired = error(&["--tls-cert-path", pem]).unwrap_err();
+        assert!(unpaired.contains("needs --tls-key-path"), "{unpaired}");
+        let refused = error(&["--tls-cert-path", pem, "--tls-key-path", pem]).unwrap_err();
+        assert!(
+            refused.contains("--tls-cert-path, --tls-key-path: TLS is not supported"),
+            "{refused}"
+        );
+        let refused = error(&["--nats-tls-insecure"]).unwrap_err();
+        assert!(refused.contains("--nats-tls-insecure"), "{refused}");
+        assert!(error(&["--nats-tls-insecure", "--no-nats-tls-insecure"]).is_ok());
+    }
+
+    #[test]
     fn unsupported_planes_are_refused() {
         let opts = TestOpts::try_parse_from(["x", "--request-plane", "nats"]).unwrap();
         let error = opts.runtime.validate().unwrap_err().to_string();
         assert!(error.contains("--request-plane"), "{error}");
+        let opts = TestOpts::try_parse_from(["x", "--response-plane", "quic"]).unwrap();
+        let error = opts.runtime.validate().unwrap_err().to_string();
+        assert!(error.contains("--response-plane"), "{error}");
         assert!(TestOpts::try_parse_from(["x", "--kv-partitions", "0"]).is_err());
     }
 }

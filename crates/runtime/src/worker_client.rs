@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::{Stream, StreamExt};
 use kvmesh_proto::v1::worker_client::WorkerClient;
-use kvmesh_proto::v1::{GenerateRequest, GenerateResponse};
+use kvmesh_proto::v1::{EmbedRequest, EmbedResponse, GenerateRequest, GenerateResponse};
 
 use crate::GrpcErrorCode as _;
 
@@ -23,6 +23,11 @@ pub type ResponseStream =
 pub trait WorkerEndpoint: Send + Sync + 'static {
     /// Starts a generation and returns its response stream.
     async fn generate(&self, request: GenerateRequest) -> Result<ResponseStream, tonic::Status>;
+
+    /// Embeds tokenized inputs; an engine without embeddings answers `UNIMPLEMENTED`.
+    async fn embed(&self, _request: EmbedRequest) -> Result<EmbedResponse, tonic::Status> {
+        Err(crate::ErrorCode::NotImplemented.to_status("this worker serves no embeddings"))
+    }
 }
 
 /// Address scheme of workers embedded in this process.
@@ -122,6 +127,15 @@ impl WorkerEndpoint for GrpcWorker {
             .await
             .map_err(connection_failure_is_unavailable)?;
         Ok(drained(response.into_inner()))
+    }
+
+    async fn embed(&self, request: EmbedRequest) -> Result<EmbedResponse, tonic::Status> {
+        let mut client = self.client.clone();
+        client
+            .embed(request)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(connection_failure_is_unavailable)
     }
 }
 

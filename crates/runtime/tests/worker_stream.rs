@@ -60,6 +60,16 @@ impl Worker for BurstWorker {
         Ok(tonic::Response::new(responses.boxed()))
     }
 
+    async fn embed(
+        &self,
+        _request: tonic::Request<kvmesh_proto::v1::EmbedRequest>,
+    ) -> Result<tonic::Response<kvmesh_proto::v1::EmbedResponse>, tonic::Status> {
+        Err(kvmesh_runtime::GrpcErrorCode::to_status(
+            kvmesh_runtime::ErrorCode::NotImplemented,
+            "no embeddings",
+        ))
+    }
+
     async fn get_load(
         &self,
         _request: tonic::Request<GetLoadRequest>,

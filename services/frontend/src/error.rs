@@ -159,12 +159,31 @@ impl FrontendError {
         })
     }
 
-    /// Builds the HTTP response with the configured overload status.
+    /// The Anthropic error body: `{"type":"error","error":{type,message}}`.
+    pub fn anthropic_body(&self) -> serde_json::Value {
+        serde_json::json!({
+            "type": "error",
+            "error": {"type": self.code().anthropic_type(), "message": self.public_message()},
+        })
+    }
+
+    /// Builds the HTTP response with the configured overload status and the OpenAI body.
     pub fn into_response_with(self, overload_status: u16) -> Response {
+        let body = self.body();
+        self.into_response_with_body(overload_status, body)
+    }
+
+    /// Builds the HTTP response with the configured overload status and the Anthropic body.
+    pub fn into_anthropic_response_with(self, overload_status: u16) -> Response {
+        let body = self.anthropic_body();
+        self.into_response_with_body(overload_status, body)
+    }
+
+    fn into_response_with_body(self, overload_status: u16, body: serde_json::Value) -> Response {
         self.log_private_detail();
         let status = StatusCode::from_u16(self.code().http_status(overload_status))
             .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let body = self.body().to_string();
+        let body = body.to_string();
         let mut response = (status, body).into_response();
         response.headers_mut().insert(
             header::CONTENT_TYPE,

@@ -40,6 +40,8 @@ pub struct TextDelta {
     pub finish_reason: Option<OpenAiFinish>,
     /// Usage, on the last delta.
     pub usage: Option<TokenUsage>,
+    /// The stop string that ended generation, on the last delta when one did.
+    pub stop_sequence: Option<String>,
 }
 
 /// Starts `request` through the model's seam (`prefix_cuts`: the prompt's cut points, so the
@@ -76,11 +78,19 @@ pub fn text_deltas(
 ) -> impl Stream<Item = Result<TextDelta, FrontendError>> + Send {
     let begin = Instant::now();
     timer.record_started(&generation);
+    metrics.router_requests.inc();
+    let worker = metrics
+        .workers
+        .of(generation.worker_id(), generation.dp_rank());
+    worker.last_isl.set(i64::from(num_prompt_tokens));
     async_stream::stream! {
         // Dropped with the stream (client disconnect) it frees the request as disconnected.
         let mut generation = generation;
         let mut usage = TokenUsage { prompt_tokens: num_prompt_tokens, ..Default::default() };
         let mut last_token_at: Option<Instant> = None;
+        let mut first_token_at: Option<Instant> = None;
+        // Counted as queued until the first token, then as active until the stream ends.
+        let mut phase = GaugeHold::new(metrics.queued.clone());
         while let Some(next) = generation.next().await {
             let response = match next {
                 Ok(response) => response,
@@ -93,10 +103,19 @@ pub fn text_deltas(
                 let now = Instant::now();
                 match last_token_at {
                     None => {
-                        metrics.ttft.observe(now.duration_since(begin).as_secs_f64());
+                        let ttft = now.duration_since(begin).as_secs_f64();
+                        metrics.ttft.observe(ttft);
+                        metrics.router_ttft.observe(ttft);
+                        worker.last_ttft.set(ttft);
                         timer.first_token(&request_id);
+                        phase = GaugeHold::new(metrics.active.clone());
+                        first_token_at = Some(now);
                     }
-                    Some(previous) => metrics.itl.observe(now.duration_since(previous).as_secs_f64()),
+                    Some(previous) => {
+                        let itl = now.duration_since(previous).as_secs_f64();
+                        metrics.itl.observe(itl);
+                        metrics.router_itl.observe(itl);
+                    }
                 }
                 last_token_at = Some(now);
             }
@@ -117,6 +136,9 @@ pub fn text_deltas(
                 let mut delta = TextDelta { text: step.text, num_tokens, ..Default::default() };
                 delta.finish_reason = Some(OpenAiFinish::Stop);
                 delta.usage = Some(usage);
+                delta.stop_sequence = output.matched_stop().map(str::to_string);
+                record_mean_itl(&worker, first_token_at, last_token_at, usage.completion_tokens);
+                drop(phase);
                 yield Ok(delta);
                 return;
             }
@@ -134,10 +156,45 @@ pub fn text_deltas(
                         FinishReason::ContentFilter => OpenAiFinish::ContentFilter,
                         _ => OpenAiFinish::Stop,
                     };
-                    yield Ok(TextDelta { text, num_tokens, finish_reason: Some(reason), usage: Some(usage) });
+                    record_mean_itl(&worker, first_token_at, last_token_at, usage.completion_tokens);
+                    drop(phase);
+                    yield Ok(TextDelta { text, num_tokens, finish_reason: Some(reason), usage: Some(usage), stop_sequence: None });
                     return;
                 }
             }
         }
+    }
+}
+
+/// Holds one count of a gauge (queued, active) until dropped.
+struct GaugeHold(prometheus::IntGauge);
+
+impl GaugeHold {
+    fn new(gauge: prometheus::IntGauge) -> Self {
+        gauge.inc();
+        Self(gauge)
+    }
+}
+
+impl Drop for GaugeHold {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// Sets the worker's `worker_last_inter_token_latency_seconds` to the finished request's mean
+/// gap between tokens.
+fn record_mean_itl(
+    worker: &crate::metrics::WorkerGauges,
+    first: Option<Instant>,
+    last: Option<Instant>,
+    tokens: u32,
+) {
+    if let (Some(first), Some(last)) = (first, last)
+        && tokens > 1
+    {
+        worker
+            .last_itl
+            .set(last.duration_since(first).as_secs_f64() / f64::from(tokens - 1));
     }
 }

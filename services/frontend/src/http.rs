@@ -1,11 +1,16 @@
 //! The axum application: routes, shared state, body limits and error mapping.
 
 mod admin;
-mod chat;
+mod anthropic;
+pub(crate) mod chat;
 mod completions;
+mod embeddings;
+pub(crate) mod endpoint;
 mod infra;
 pub(crate) mod openai_shared;
+mod openapi;
 pub mod request_metrics;
+mod responses;
 pub mod sse;
 
 use std::sync::Arc;
@@ -44,6 +49,8 @@ pub struct HttpSettings {
     pub disable_nvext: bool,
     /// `DYN_DISABLE_FRONTEND_ADMIN_API`: `/busy_threshold` is not served (404).
     pub disable_admin_api: bool,
+    /// `--enable-anthropic-api`: `/v1/messages` and `/v1/messages/count_tokens` are served.
+    pub anthropic_api: bool,
 }
 
 /// State shared by every handler.
@@ -60,6 +67,8 @@ pub struct AppState {
     pub inflight: Inflight,
     /// Set once shutdown begins: new inference requests get 503.
     pub draining: AtomicBool,
+    /// Slots for inference requests in flight (`--rejection-frontend-*`; `None`: no limit).
+    pub admission: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl AppState {
@@ -78,48 +87,67 @@ impl AppState {
     }
 }
 
-/// Builds the application with every route of this release.
+/// Builds the application with every route of this release, `/openapi.json` describing them
+/// at the paths they are served at, and Swagger UI at `/docs`.
 pub fn app(state: Arc<AppState>) -> AxumRouter {
     let body_limit = usize::try_from(state.settings.body_limit_mb.saturating_mul(1024 * 1024))
         .unwrap_or(usize::MAX);
-    let path = |name: &str, default: &str| route_path(name, default);
+    let paths = route_paths(&state.settings);
     let routes = AxumRouter::new()
+        .route(&paths.chat, post(endpoint::serve::<chat::ChatCompletions>))
         .route(
-            &path("DYN_HTTP_SVC_CHAT_PATH", "/v1/chat/completions"),
-            post(chat::chat_completions),
+            &paths.completions,
+            post(endpoint::serve::<completions::Completions>),
         )
         .route(
-            &path("DYN_HTTP_SVC_CMP_PATH", "/v1/completions"),
-            post(completions::completions),
+            &paths.embeddings,
+            post(endpoint::serve::<embeddings::Embeddings>),
         )
+        .route(
+            &paths.responses,
+            post(endpoint::serve::<responses::Responses>),
+        )
+        .merge(anthropic_routes(paths.messages.as_deref()))
         .merge(admin_routes(&state))
         .layer(DefaultBodyLimit::max(body_limit));
-    with_fallbacks(routes.merge(infra_routes()), state)
+    let docs =
+        utoipa_swagger_ui::SwaggerUi::new("/docs").url("/openapi.json", openapi::document(&paths));
+    with_fallbacks(routes.merge(infra_routes(&paths)).merge(docs), state)
+}
+
+/// Where each route is served: Dynamo's defaults unless a `DYN_HTTP_SVC_*_PATH` override says
+/// otherwise.
+fn route_paths(settings: &HttpSettings) -> openapi::RoutePaths {
+    openapi::RoutePaths {
+        chat: route_path("DYN_HTTP_SVC_CHAT_PATH", "/v1/chat/completions"),
+        completions: route_path("DYN_HTTP_SVC_CMP_PATH", "/v1/completions"),
+        embeddings: route_path("DYN_HTTP_SVC_EMB_PATH", "/v1/embeddings"),
+        responses: route_path("DYN_HTTP_SVC_RESPONSES_PATH", "/v1/responses"),
+        messages: settings
+            .anthropic_api
+            .then(|| route_path("DYN_HTTP_SVC_ANTHROPIC_PATH", "/v1/messages")),
+        models: route_path("DYN_HTTP_SVC_MODELS_PATH", "/v1/models"),
+        health: route_path("DYN_HTTP_SVC_HEALTH_PATH", "/health"),
+        live: route_path("DYN_HTTP_SVC_LIVE_PATH", "/live"),
+        metrics: route_path("DYN_HTTP_SVC_METRICS_PATH", "/metrics"),
+        admin: !settings.disable_admin_api,
+    }
 }
 
 /// The side HTTP server of `--kserve-grpc-server` mode: `/metrics`, `/health`, `/live` and
 /// `/v1/models`, no inference routes.
 pub fn side_app(state: Arc<AppState>) -> AxumRouter {
-    with_fallbacks(infra_routes(), state)
+    let paths = route_paths(&state.settings);
+    with_fallbacks(infra_routes(&paths), state)
 }
 
 /// `/v1/models`, `/health`, `/live` and `/metrics`, on every HTTP server the frontend runs.
-fn infra_routes() -> AxumRouter<Arc<AppState>> {
-    let path = |name: &str, default: &str| route_path(name, default);
+fn infra_routes(paths: &openapi::RoutePaths) -> AxumRouter<Arc<AppState>> {
     AxumRouter::new()
-        .route(
-            &path("DYN_HTTP_SVC_MODELS_PATH", "/v1/models"),
-            get(infra::list_models),
-        )
-        .route(
-            &path("DYN_HTTP_SVC_HEALTH_PATH", "/health"),
-            get(infra::health),
-        )
-        .route(&path("DYN_HTTP_SVC_LIVE_PATH", "/live"), get(infra::live))
-        .route(
-            &path("DYN_HTTP_SVC_METRICS_PATH", "/metrics"),
-            get(infra::metrics),
-        )
+        .route(&paths.models, get(infra::list_models))
+        .route(&paths.health, get(infra::health))
+        .route(&paths.live, get(infra::live))
+        .route(&paths.metrics, get(infra::metrics))
 }
 
 /// The OpenAI-shaped 404 and 405 answers, then the state.
@@ -128,6 +156,19 @@ fn with_fallbacks(routes: AxumRouter<Arc<AppState>>, state: Arc<AppState>) -> Ax
         .fallback(infra::not_found)
         .method_not_allowed_fallback(infra::method_not_allowed)
         .with_state(state)
+}
+
+/// `/v1/messages` and its `count_tokens`, with `--enable-anthropic-api`.
+fn anthropic_routes(messages: Option<&str>) -> AxumRouter<Arc<AppState>> {
+    let Some(messages) = messages else {
+        return AxumRouter::new();
+    };
+    AxumRouter::new()
+        .route(messages, post(endpoint::serve::<anthropic::Messages>))
+        .route(
+            &format!("{}/count_tokens", messages.trim_end_matches('/')),
+            post(anthropic::count_tokens),
+        )
 }
 
 /// `GET`/`POST /busy_threshold`, unless the admin API is disabled.

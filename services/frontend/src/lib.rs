@@ -10,6 +10,7 @@ pub mod error;
 pub mod generate;
 pub mod hints;
 pub mod http;
+pub mod interactive;
 pub mod kserve;
 pub mod metrics;
 pub mod models;
@@ -134,14 +135,32 @@ pub async fn run(
                 .map(Duration::from_millis),
             disable_nvext: kvmesh_runtime::config::env_truthy("DYN_DISABLE_FRONTEND_NVEXT"),
             disable_admin_api: kvmesh_runtime::config::env_truthy("DYN_DISABLE_FRONTEND_ADMIN_API"),
+            anthropic_api: args.chat.anthropic_api(),
         },
         inflight: Inflight::new(),
         draining: AtomicBool::new(false),
+        admission: http.inflight_limit().map(|limit| {
+            Arc::new(tokio::sync::Semaphore::new(
+                usize::try_from(limit)
+                    .unwrap_or(usize::MAX)
+                    .min(tokio::sync::Semaphore::MAX_PERMITS),
+            ))
+        }),
     });
+    if args.chat.interactive() {
+        // The REPL replaces the edge: nothing is bound or registered, and the end of input
+        // stops the process.
+        tokio::spawn(interactive::repl(state.clone(), shutdown.clone()));
+        let drain = Drain {
+            limit: Duration::from_secs(http.http_graceful_shutdown_timeout_secs),
+            inflight: std::slice::from_ref(&state.inflight),
+        };
+        return Ok(lifecycle.run(&shutdown, drain, || {}).await?);
+    }
     let kserve = &args.kserve;
     // Every listener is bound before the frontend registers, so a port in use stops it unseen.
     let (listener, local) = bind(&http.http_host, http.http_port, "--http-port").await?;
-    let (side_port, side_flag) = if kserve.kserve_grpc_server {
+    let (side_port, side_flag) = if kserve.grpc_server() {
         (Some(kserve.grpc_metrics_port), "--grpc-metrics-port")
     } else {
         (kserve.kserve_grpc_port, "--kserve-grpc-port")
@@ -154,7 +173,7 @@ pub async fn run(
         .namespace
         .clone()
         .unwrap_or_else(|| "dynamo".to_string());
-    let record = if kserve.kserve_grpc_server {
+    let record = if kserve.grpc_server() {
         instance_record(&namespace, "frontend", "kserve", &local.to_string(), "grpc")
     } else {
         instance_record(&namespace, "frontend", "http", &local.to_string(), "http")
@@ -163,7 +182,7 @@ pub async fn run(
         .register_instance(&record)
         .await?;
     lifecycle.registered(discovery);
-    if kserve.kserve_grpc_server {
+    if kserve.grpc_server() {
         // KServe gRPC takes the HTTP port; the side server keeps health and metrics.
         kserve::serve(&mut lifecycle, listener, state.clone(), kserve);
         tracing::info!(address = %local, "frontend KServe gRPC listening");
@@ -197,9 +216,18 @@ async fn bind(
     port: u16,
     flag: &str,
 ) -> anyhow::Result<(tokio::net::TcpListener, SocketAddr)> {
-    let address: SocketAddr = format!("{host}:{port}")
-        .parse()
-        .with_context(|| format!("--http-host {host} / {flag} {port}"))?;
+    // A name (`localhost`) resolves; its first IPv4 address is bound (the one clients that
+    // resolve the name try on every host), else its first address.
+    let addresses: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
+        .await
+        .map(Iterator::collect)
+        .unwrap_or_default();
+    let address = addresses
+        .iter()
+        .find(|address| address.is_ipv4())
+        .or(addresses.first())
+        .copied()
+        .with_context(|| format!("--http-host {host} / {flag} {port}: not an address"))?;
     let listener = tokio::net::TcpListener::bind(address)
         .await
         .with_context(|| format!("bind {flag} on {address}"))?;
@@ -242,10 +270,10 @@ fn preprocess_settings(
         .context("register stage metrics")?;
     preprocess::Preprocess::new(
         args.tokenizer.engine(),
-        !args.tokenizer_fallback,
+        !args.tokenizer_fallback(),
         usize::try_from(args.tokenizer_cache_mb.saturating_mul(1024 * 1024)).unwrap_or(usize::MAX),
         workers,
-        args.dyn_debug_perf,
+        args.debug_perf(),
         stages,
     )
     .context("start the preprocessing pool")

@@ -9,6 +9,7 @@ async fn main() -> anyhow::Result<()> {
         kvmesh_runtime::config::exit_config_error(&message);
     }
     kvmesh_runtime::telemetry::init_tracing(opts.runtime.log_format);
+    opts.frontend.log_startup_warnings();
     let shutdown = kvmesh_runtime::shutdown::signal_token();
     kvmesh_frontend::run(opts, None, shutdown).await
 }

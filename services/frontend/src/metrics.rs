@@ -2,9 +2,20 @@
 //! resolved once so the request path does not hash label sets.
 
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry,
+    GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry,
 };
+
+mod router_series;
+
+use self::router_series::RouterComponentSeries;
+pub use self::router_series::{RouterOverhead, WorkerGauges, WorkerSeries};
+
+/// Prefix of the series only kvmesh has (Dynamo's keep `--metrics-prefix` or Dynamo's names).
+pub const KVMESH_PREFIX: &str = "kvmesh";
+
+/// Prefix of the router series Dynamo's KV router exports (`dynamo_component_router_*`).
+pub const ROUTER_COMPONENT_PREFIX: &str = "dynamo_component_router";
 
 /// Every frontend metric, registered in one registry.
 #[derive(Clone)]
@@ -26,6 +37,18 @@ pub struct FrontendMetrics {
     queue_pending: IntGaugeVec,
     migrations: IntCounterVec,
     migration_max_seq_len_exceeded: IntCounterVec,
+    queued: IntGaugeVec,
+    active: IntGaugeVec,
+    kv_hit_rate: HistogramVec,
+    cancellations: IntCounterVec,
+    worker_last_ttft: GaugeVec,
+    worker_last_itl: GaugeVec,
+    worker_last_isl: IntGaugeVec,
+    router: RouterComponentSeries,
+}
+
+pub(crate) fn ratio_buckets() -> Vec<f64> {
+    (0..=10).map(|tenth| f64::from(tenth) / 10.0).collect()
 }
 
 /// Gauges describing each served model's card, in [`ModelConfig`] field order.
@@ -61,11 +84,11 @@ pub struct ModelConfig {
     pub migration_limit: u64,
 }
 
-fn token_buckets() -> Vec<f64> {
+pub(crate) fn token_buckets() -> Vec<f64> {
     prometheus::exponential_buckets(1.0, 2.0, 18).unwrap_or_default()
 }
 
-fn latency_buckets() -> Vec<f64> {
+pub(crate) fn latency_buckets() -> Vec<f64> {
     prometheus::exponential_buckets(0.0005, 2.0, 18).unwrap_or_default()
 }
 
@@ -159,6 +182,59 @@ impl FrontendMetrics {
         registry.register(Box::new(migration_max_seq_len_exceeded.clone()))?;
         registry.register(Box::new(rejections.clone()))?;
         registry.register(Box::new(queue_pending.clone()))?;
+        let queued = IntGaugeVec::new(
+            Opts::new(
+                name("queued_requests"),
+                "requests waiting for their first token",
+            ),
+            &["model"],
+        )?;
+        let active = IntGaugeVec::new(
+            Opts::new(name("active_requests"), "requests streaming tokens"),
+            &["model"],
+        )?;
+        let kv_hit_rate = histogram(
+            "kv_hit_rate",
+            "share of the prompt found in the worker's KV cache",
+            ratio_buckets(),
+        )?;
+        let cancellations = IntCounterVec::new(
+            Opts::new(
+                name("model_cancellation_total"),
+                "requests cancelled because their client went away",
+            ),
+            &["model"],
+        )?;
+        let worker_labels = ["worker_id", "dp_rank", "worker_type"];
+        let worker_last_ttft = GaugeVec::new(
+            Opts::new(
+                name("worker_last_time_to_first_token_seconds"),
+                "time to first token of the worker's latest request",
+            ),
+            &worker_labels,
+        )?;
+        let worker_last_itl = GaugeVec::new(
+            Opts::new(
+                name("worker_last_inter_token_latency_seconds"),
+                "mean time between tokens of the worker's latest finished request",
+            ),
+            &worker_labels,
+        )?;
+        let worker_last_isl = IntGaugeVec::new(
+            Opts::new(
+                name("worker_last_input_sequence_tokens"),
+                "prompt tokens of the worker's latest request",
+            ),
+            &worker_labels,
+        )?;
+        registry.register(Box::new(queued.clone()))?;
+        registry.register(Box::new(active.clone()))?;
+        registry.register(Box::new(kv_hit_rate.clone()))?;
+        registry.register(Box::new(cancellations.clone()))?;
+        registry.register(Box::new(worker_last_ttft.clone()))?;
+        registry.register(Box::new(worker_last_itl.clone()))?;
+        registry.register(Box::new(worker_last_isl.clone()))?;
+        let router = RouterComponentSeries::new(&registry)?;
         let mut model_config = Vec::with_capacity(MODEL_CONFIG_GAUGES.len());
         for (suffix, help) in MODEL_CONFIG_GAUGES {
             let gauge = IntGaugeVec::new(Opts::new(name(suffix), help), &["model"])?;
@@ -182,6 +258,14 @@ impl FrontendMetrics {
             queue_pending,
             migrations,
             migration_max_seq_len_exceeded,
+            queued,
+            active,
+            kv_hit_rate,
+            cancellations,
+            worker_last_ttft,
+            worker_last_itl,
+            worker_last_isl,
+            router,
         })
     }
 
@@ -233,6 +317,21 @@ impl FrontendMetrics {
             migration_max_seq_len_exceeded: self
                 .migration_max_seq_len_exceeded
                 .with_label_values(&[model]),
+            queued: self.queued.with_label_values(&[model]),
+            active: self.active.with_label_values(&[model]),
+            kv_hit_rate: self.kv_hit_rate.with_label_values(&[model]),
+            cancellations: self.cancellations.with_label_values(&[model]),
+            router_requests: self.router.requests_total.with_label_values(&[model]),
+            router_ttft: self.router.ttft.with_label_values(&[model]),
+            router_itl: self.router.itl.with_label_values(&[model]),
+            router_input_tokens: self.router.input_tokens.with_label_values(&[model]),
+            router_output_tokens: self.router.output_tokens.with_label_values(&[model]),
+            router_kv_hit_rate: self.router.kv_hit_rate.with_label_values(&[model]),
+            workers: WorkerSeries {
+                last_ttft: self.worker_last_ttft.clone(),
+                last_itl: self.worker_last_itl.clone(),
+                last_isl: self.worker_last_isl.clone(),
+            },
         }
     }
 
@@ -282,6 +381,28 @@ pub struct ModelMetrics {
     pub migrations_ongoing: IntCounter,
     /// Requests that stopped being migratable (`--migration-max-seq-len`).
     pub migration_max_seq_len_exceeded: IntCounter,
+    /// Requests waiting for their first token.
+    pub queued: IntGauge,
+    /// Requests streaming tokens.
+    pub active: IntGauge,
+    /// Cached share of each prompt.
+    pub kv_hit_rate: Histogram,
+    /// Requests whose client went away.
+    pub cancellations: IntCounter,
+    /// `dynamo_component_router_requests_total`.
+    pub router_requests: IntCounter,
+    /// `dynamo_component_router_time_to_first_token_seconds`.
+    pub router_ttft: Histogram,
+    /// `dynamo_component_router_inter_token_latency_seconds`.
+    pub router_itl: Histogram,
+    /// `dynamo_component_router_input_sequence_tokens`.
+    pub router_input_tokens: Histogram,
+    /// `dynamo_component_router_output_sequence_tokens`.
+    pub router_output_tokens: Histogram,
+    /// `dynamo_component_router_kv_hit_rate`.
+    pub router_kv_hit_rate: Histogram,
+    /// The per-worker `worker_last_*` gauges.
+    pub workers: WorkerSeries,
 }
 
 impl ModelMetrics {

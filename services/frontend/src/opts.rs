@@ -8,6 +8,10 @@ use kvmesh_runtime::config::RuntimeOpts;
 
 pub use kvmesh_router::decider::RemoteRouterMode;
 
+mod chat;
+
+pub use self::chat::{ChatOpts, ReasoningField};
+
 /// Options of `kvmesh-frontend`.
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -36,6 +40,10 @@ pub struct FrontendArgs {
     #[command(flatten)]
     pub kserve: KserveOpts,
 
+    /// Chat API surfaces, processors, reasoning and tool presentation, the REPL.
+    #[command(flatten)]
+    pub chat: ChatOpts,
+
     /// Serve only workers of this namespace (unset: every namespace).
     #[arg(long, env = "DYN_NAMESPACE")]
     pub namespace: Option<String>,
@@ -62,6 +70,9 @@ pub struct FrontendArgs {
     /// falling back to the default tokenizer.
     #[arg(long, env = "DYN_TOKENIZER_FALLBACK", default_value = "true", value_parser = kvmesh_core::flags::parse_bool, num_args = 0..=1, default_missing_value = "true")]
     pub tokenizer_fallback: bool,
+    /// Turn --tokenizer-fallback off.
+    #[arg(long, overrides_with = "tokenizer_fallback")]
+    pub no_tokenizer_fallback: bool,
 
     /// Bytes the process-wide prompt prefix cache may hold, in MiB (0 = off).
     #[arg(long, env = "KVMESH_TOKENIZER_CACHE_MB", default_value_t = 256)]
@@ -74,6 +85,9 @@ pub struct FrontendArgs {
     /// Log every request's stage timings (template, tokenize, route, first token).
     #[arg(long, env = "DYN_DEBUG_PERF", default_value = "false", value_parser = kvmesh_core::flags::parse_bool, num_args = 0..=1, default_missing_value = "true")]
     pub dyn_debug_perf: bool,
+    /// Turn --dyn-debug-perf off.
+    #[arg(long, overrides_with = "dyn_debug_perf")]
+    pub no_dyn_debug_perf: bool,
 
     /// Tokens per KV block for hashing (default: the worker's card).
     #[arg(long, env = "DYN_KV_CACHE_BLOCK_SIZE", value_parser = clap::value_parser!(u32).range(1..))]
@@ -157,6 +171,34 @@ pub struct HttpOpts {
     /// worker accepted the request (Dynamo sets this only by environment; the flag is kvmesh's).
     #[arg(long, env = "DYN_HTTP_PRE_COMMIT_ERROR_PEEK_MS", hide = true)]
     pub http_pre_commit_error_peek_ms: Option<u64>,
+
+    /// Most inference requests in flight at once; past it a request gets the overload status.
+    #[arg(long, env = "DYN_REJECTION_FRONTEND_REQUEST_CONCURRENCY_LIMIT", value_parser = clap::value_parser!(u64).range(1..))]
+    pub rejection_frontend_request_concurrency_limit: Option<u64>,
+
+    /// Dynamo's cap on runtime tasks; in kvmesh each request in flight is one task, so it caps
+    /// requests in flight like --rejection-frontend-request-concurrency-limit.
+    #[arg(long, env = "DYN_REJECTION_FRONTEND_RUNTIME_TASK_LIMIT", value_parser = clap::value_parser!(u64).range(1..))]
+    pub rejection_frontend_runtime_task_limit: Option<u64>,
+
+    /// Dynamo's cap on request-plane connections; in kvmesh each request in flight holds one
+    /// worker stream, so it caps requests in flight too.
+    #[arg(long, env = "DYN_REJECTION_FRONTEND_REQUEST_PLANE_CONNECTION_LIMIT", value_parser = clap::value_parser!(u64).range(1..))]
+    pub rejection_frontend_request_plane_connection_limit: Option<u64>,
+}
+
+impl HttpOpts {
+    /// The most inference requests in flight: the smallest of the three rejection limits.
+    pub fn inflight_limit(&self) -> Option<u64> {
+        [
+            self.rejection_frontend_request_concurrency_limit,
+            self.rejection_frontend_runtime_task_limit,
+            self.rejection_frontend_request_plane_connection_limit,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
 }
 
 /// The KServe v2 gRPC edge (docs/kserve.md): instead of the OpenAI edge, or beside it.
@@ -166,6 +208,9 @@ pub struct KserveOpts {
     /// HTTP server on `--grpc-metrics-port` keeps `/metrics`, `/health`, `/live` and `/v1/models`.
     #[arg(long, env = "DYN_KSERVE_GRPC_SERVER", default_value = "false", value_parser = kvmesh_core::flags::parse_bool, num_args = 0..=1, default_missing_value = "true")]
     pub kserve_grpc_server: bool,
+    /// Turn --kserve-grpc-server off.
+    #[arg(long, overrides_with = "kserve_grpc_server")]
+    pub no_kserve_grpc_server: bool,
 
     /// Port of the side HTTP server in `--kserve-grpc-server` mode.
     #[arg(long, env = "DYN_GRPC_METRICS_PORT", default_value_t = 8788)]
@@ -190,6 +235,25 @@ pub struct KserveOpts {
     /// server default, 1 MiB).
     #[arg(long, env = "DYN_GRPC_INITIAL_STREAM_WINDOW_SIZE", hide = true, value_parser = clap::value_parser!(u32).range(65_535..=2_147_483_647))]
     pub grpc_initial_stream_window_size: Option<u32>,
+}
+
+impl KserveOpts {
+    /// Whether KServe gRPC replaces the OpenAI edge (`--kserve-grpc-server`).
+    pub fn grpc_server(&self) -> bool {
+        kvmesh_core::flags::negatable(self.kserve_grpc_server, self.no_kserve_grpc_server)
+    }
+}
+
+impl FrontendArgs {
+    /// Whether a model `--tokenizer fastokens` cannot serve falls back to the default engine.
+    pub fn tokenizer_fallback(&self) -> bool {
+        kvmesh_core::flags::negatable(self.tokenizer_fallback, self.no_tokenizer_fallback)
+    }
+
+    /// Whether every request's stage timings are logged (`--dyn-debug-perf`).
+    pub fn debug_perf(&self) -> bool {
+        kvmesh_core::flags::negatable(self.dyn_debug_perf, self.no_dyn_debug_perf)
+    }
 }
 
 /// `--tokenizer` values.
@@ -258,10 +322,29 @@ impl FrontendArgs {
     /// Checks the options that clap cannot (the router's cross-field rules); the message names
     /// the flag.
     pub fn validate(&self) -> Result<(), String> {
-        if self.kserve.kserve_grpc_server && self.kserve.kserve_grpc_port.is_some() {
+        if self.kserve.grpc_server() && self.kserve.kserve_grpc_port.is_some() {
             return Err("--kserve-grpc-port: with --kserve-grpc-server, KServe gRPC is served on --http-port; give one of the two".into());
         }
         self.router_config().map(|_| ())
+    }
+
+    /// Every WARN line start-up logs for these options: deprecated spellings and options, and
+    /// each accepted option kvmesh does not act on yet with what it does instead.
+    pub fn startup_warnings<I, S>(&self, argv: I) -> Vec<String>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
+        let mut warnings = self.router.startup_warnings(argv);
+        warnings.extend(self.chat.notices());
+        warnings
+    }
+
+    /// Logs [`Self::startup_warnings`] for the process arguments, one WARN each.
+    pub fn log_startup_warnings(&self) {
+        for warning in self.startup_warnings(std::env::args_os()) {
+            tracing::warn!("{warning}");
+        }
     }
 
     /// The routing configuration (deprecated aliases applied, validated).

@@ -235,6 +235,11 @@ impl OutputProcessor {
         }
     }
 
+    /// The stop string that ended the choice, if one did.
+    pub fn matched_stop(&self) -> Option<&str> {
+        self.stop.matched_stop()
+    }
+
     /// Ends the choice: returns pending and held-back text.
     pub fn flush(&mut self) -> String {
         if self.stop.is_stopped() {

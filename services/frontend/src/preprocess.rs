@@ -181,12 +181,15 @@ pub struct StageMetrics {
     prefix_cache: PrefixSeries,
     block_hash_cache: PrefixSeries,
     preprocess_workers: IntGauge,
+    overhead: crate::metrics::RouterOverhead,
 }
 
 impl StageMetrics {
-    /// Creates the series under `prefix` and registers them in `registry`.
+    /// Creates the series Dynamo also has under `prefix` and kvmesh's own (the prefix caches,
+    /// the pool size) under `kvmesh_`, and registers them in `registry`.
     pub fn new(prefix: &str, registry: &Registry) -> prometheus::Result<Self> {
         let name = |suffix: &str| format!("{prefix}_{suffix}");
+        let own = |suffix: &str| format!("{}_{suffix}", crate::metrics::KVMESH_PREFIX);
         let stage = HistogramVec::new(
             HistogramOpts::new(
                 name("stage_duration_seconds"),
@@ -201,7 +204,7 @@ impl StageMetrics {
             &["operation"],
         )?;
         let preprocess_workers = IntGauge::with_opts(Opts::new(
-            name("preprocess_workers"),
+            own("preprocess_workers"),
             "threads of the pool that tokenizes large prompts",
         ))?;
         registry.register(Box::new(stage.clone()))?;
@@ -215,20 +218,21 @@ impl StageMetrics {
             tokenizer_latency_tokenize: tokenizer.with_label_values(&["tokenize"]),
             tokenizer_latency_detokenize: tokenizer.with_label_values(&["detokenize"]),
             prefix_cache: PrefixSeries::new(
-                &name("tokenizer_prefix_cache"),
+                &own("tokenizer_prefix_cache"),
                 "prompts",
                 "prompt tokens taken from the prefix cache instead of encoded",
                 "reused_tokens_total",
                 registry,
             )?,
             block_hash_cache: PrefixSeries::new(
-                &name("router_block_hash_cache"),
+                &own("router_block_hash_cache"),
                 "prompts",
                 "prompt blocks whose hashes were reused instead of computed",
                 "reused_blocks_total",
                 registry,
             )?,
             preprocess_workers,
+            overhead: crate::metrics::RouterOverhead::new(registry)?,
         })
     }
 
@@ -328,6 +332,7 @@ impl RequestTimer {
     /// Records where the start of `generation` spent its time.
     pub fn record_started(&mut self, generation: &kvmesh_router::Generation) {
         let timings = generation.timings();
+        self.preprocess.metrics.overhead.observe(&timings);
         if !timings.hash.is_zero() {
             self.record(Stage::Hash, timings.hash);
         }

@@ -59,6 +59,16 @@ impl Worker for FailingWorker {
         ))
     }
 
+    async fn embed(
+        &self,
+        _request: tonic::Request<kvmesh_proto::v1::EmbedRequest>,
+    ) -> Result<tonic::Response<kvmesh_proto::v1::EmbedResponse>, tonic::Status> {
+        Err(kvmesh_runtime::GrpcErrorCode::to_status(
+            kvmesh_runtime::ErrorCode::NotImplemented,
+            "no embeddings",
+        ))
+    }
+
     async fn get_load(
         &self,
         _request: tonic::Request<GetLoadRequest>,

@@ -63,6 +63,7 @@ pub async fn run(opts: UpOpts) -> anyhow::Result<()> {
         kvmesh_runtime::config::exit_config_error(&message);
     }
     kvmesh_runtime::telemetry::init_tracing(opts.runtime.log_format);
+    opts.frontend.log_startup_warnings();
     let shutdown = kvmesh_runtime::shutdown::signal_token();
     let embedded = Embedded::new();
 
@@ -103,6 +104,7 @@ pub async fn run(opts: UpOpts) -> anyhow::Result<()> {
     frontend_args.model_name = Some(model_name);
     // The in-process shard below serves the index; the frontend queries it like a remote one.
     frontend_args.router.use_remote_indexer = true;
+    frontend_args.router.no_use_remote_indexer = false;
     frontend_args.router.serve_indexer = false;
     let frontend = FrontendOpts {
         runtime: opts.runtime.clone(),

@@ -6,6 +6,7 @@
 //! endpoint in embedded mode), KV event publisher and discovery registration.
 
 pub mod driver;
+pub mod embed;
 pub mod engine;
 pub mod opts;
 pub mod worker;

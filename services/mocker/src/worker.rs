@@ -9,8 +9,8 @@ use bytes::Bytes;
 use futures::StreamExt;
 use kvmesh_proto::v1::worker_server::Worker;
 use kvmesh_proto::v1::{
-    ClearKvBlocksRequest, ClearKvBlocksResponse, GenerateRequest, GetLoadRequest, GetLoadResponse,
-    KvEvent, StorageTier, kv_event,
+    ClearKvBlocksRequest, ClearKvBlocksResponse, EmbedRequest, EmbedResponse, GenerateRequest,
+    GetLoadRequest, GetLoadResponse, KvEvent, StorageTier, kv_event,
 };
 use kvmesh_runtime::event_plane::EventPlane;
 use kvmesh_runtime::kv_publish::{self, KvEventPublisher};
@@ -111,6 +111,10 @@ impl WorkerEndpoint for MockWorker {
     async fn generate(&self, request: GenerateRequest) -> Result<ResponseStream, tonic::Status> {
         self.start(request)
     }
+
+    async fn embed(&self, request: EmbedRequest) -> Result<EmbedResponse, tonic::Status> {
+        crate::embed::embed(&request)
+    }
 }
 
 #[tonic::async_trait]
@@ -122,6 +126,13 @@ impl Worker for MockWorker {
         request: tonic::Request<GenerateRequest>,
     ) -> Result<tonic::Response<Self::GenerateStream>, tonic::Status> {
         self.start(request.into_inner()).map(tonic::Response::new)
+    }
+
+    async fn embed(
+        &self,
+        request: tonic::Request<EmbedRequest>,
+    ) -> Result<tonic::Response<EmbedResponse>, tonic::Status> {
+        crate::embed::embed(request.get_ref()).map(tonic::Response::new)
     }
 
     async fn get_load(

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use kvmesh_core::prefix::PrefixCut;
-use kvmesh_proto::v1::{FinishReason, GenerateRequest, GenerateResponse};
+use kvmesh_proto::v1::{
+    EmbedRequest, EmbedResponse, FinishReason, GenerateRequest, GenerateResponse,
+};
 use kvmesh_runtime::ErrorCode;
 use kvmesh_runtime::worker_client::{ResponseStream, WorkerEndpoint};
 
@@ -290,6 +292,51 @@ fn worker_error(code: ErrorCode, message: impl Into<String>) -> RouteError {
     RouteError::Worker {
         code,
         message: message.into(),
+    }
+}
+
+impl ModelRouter {
+    /// Embeds `request` on one of the model's workers: `pinned` when given (a pin to a worker
+    /// not serving the model finds none), else the one the request id hashes to, since
+    /// embeddings hold no KV cache worth routing for (requests spread evenly without shared
+    /// state); an unreachable worker passes the request to the next.
+    pub async fn embed(
+        &self,
+        request: EmbedRequest,
+        pinned: Option<u64>,
+    ) -> Result<EmbedResponse, RouteError> {
+        let pinned_worker;
+        let workers = match pinned {
+            None => self.workers(),
+            Some(id) => {
+                pinned_worker = self
+                    .workers()
+                    .iter()
+                    .filter(|worker| worker.id == id)
+                    .cloned()
+                    .collect::<Vec<_>>();
+                &pinned_worker
+            }
+        };
+        if workers.is_empty() {
+            return Err(RouteError::NoEndpoint);
+        }
+        let first = xxhash_rust::xxh3::xxh3_64(request.request_id.as_bytes()) as usize;
+        let mut last = RouteError::NoEndpoint;
+        for attempt in 0..workers.len().min(MAX_START_ATTEMPTS) {
+            let worker = &workers[(first + attempt) % workers.len()];
+            match worker.endpoint.embed(request.clone()).await {
+                Ok(response) => return Ok(response),
+                Err(status) => {
+                    let error = worker_failure(status);
+                    if !is_unreachable(&error) {
+                        return Err(error);
+                    }
+                    last = error;
+                }
+            }
+        }
+        Err(last)
     }
 }
 

@@ -10,6 +10,9 @@ async fn main() -> anyhow::Result<()> {
         kvmesh_runtime::config::exit_config_error(&error.to_string());
     }
     kvmesh_runtime::telemetry::init_tracing(opts.runtime.log_format);
+    for warning in opts.router.startup_warnings(std::env::args_os()) {
+        tracing::warn!("{warning}");
+    }
     let shutdown = kvmesh_runtime::shutdown::signal_token();
     kvmesh_router::server::run(opts, None, shutdown).await
 }

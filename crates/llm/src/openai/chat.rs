@@ -12,7 +12,7 @@ use crate::error::LlmError;
 /// A chat completions request: the OpenAI fields, vLLM's sampling extensions and `nvext`.
 /// Unknown fields are ignored. Integer limits are signed so a negative value reaches
 /// [`ChatCompletionRequest::validate`] and gets an error that names the field.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChatCompletionRequest {
     /// The served model name.
     pub model: String,
@@ -149,7 +149,7 @@ impl ChatCompletionRequest {
 
 /// One message of the conversation. `role` is kept as a string so that templates, not the
 /// parser, decide which roles exist (and raise for the others).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChatMessage {
     /// `system`, `developer`, `user`, `assistant`, `tool`, ...
     pub role: String,
@@ -192,7 +192,7 @@ impl ChatMessage {
 
 /// Message content: a string or a list of typed parts. Deserialized by looking at the JSON
 /// type directly (not `untagged`, which would buffer and copy a 200 KB prompt twice).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum MessageContent {
     /// Plain text.
@@ -246,9 +246,20 @@ impl MessageContent {
                 "text" | "input_text" | "output_text" => part.text.as_deref(),
                 "refusal" => part.refusal.as_deref(),
                 other => {
-                    return Err(LlmError::Unsupported(format!(
-                        "content part type '{other}' is not supported by this model"
-                    )));
+                    return Err(LlmError::unhandled_kind(
+                        other,
+                        &[
+                            "image_url",
+                            "input_audio",
+                            "input_image",
+                            "input_file",
+                            "file",
+                            "video_url",
+                            "audio_url",
+                        ],
+                        "messages",
+                        format!("content part type '{other}' is not supported by this model"),
+                    ));
                 }
             };
             texts.push(text.unwrap_or_default());
@@ -262,7 +273,7 @@ impl MessageContent {
 
 /// One part of a [`MessageContent::Parts`]. Only text parts are rendered; the other fields
 /// exist so that multimodal requests parse and get a clear error.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ContentPart {
     /// `text`, `image_url`, `input_audio`, `refusal`, ...
     #[serde(rename = "type")]

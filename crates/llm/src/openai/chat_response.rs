@@ -12,7 +12,7 @@ use super::logprobs::ChatLogprobs;
 use super::tools::{ToolCall, ToolCallDelta};
 
 /// A unary chat completions response.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChatCompletionResponse {
     /// `chatcmpl-...`.
     pub id: String,
@@ -36,7 +36,7 @@ pub struct ChatCompletionResponse {
 }
 
 /// One choice of a [`ChatCompletionResponse`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChatChoice {
     /// Position in `choices`.
     pub index: u32,
@@ -50,7 +50,7 @@ pub struct ChatChoice {
 
 /// The assistant message of a unary response. `content` is always present (null when the
 /// model only called tools), as OpenAI sends it.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChatResponseMessage {
     /// Always `assistant`.
     pub role: Role,

@@ -15,6 +15,17 @@ macro_rules! object_tag {
             pub const VALUE: &'static str = $value;
         }
 
+        impl utoipa::PartialSchema for $name {
+            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+                utoipa::openapi::ObjectBuilder::new()
+                    .schema_type(utoipa::openapi::schema::Type::String)
+                    .enum_values(Some([$value]))
+                    .into()
+            }
+        }
+
+        impl utoipa::ToSchema for $name {}
+
         impl Serialize for $name {
             fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
                 serializer.serialize_str($value)
@@ -59,7 +70,7 @@ object_tag!(
 );
 
 /// Why a choice stopped generating.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
     /// EOS, a stop token or a stop string.
@@ -86,7 +97,9 @@ impl FinishReason {
 
 /// The author of a response message; responses are always `assistant`, the enum exists so the
 /// value is checked and costs no allocation.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     /// System prompt.
@@ -105,7 +118,7 @@ pub enum Role {
 }
 
 /// Token counts of a request, summed over all choices.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Usage {
     /// Tokens in the prompt.
     pub prompt_tokens: u32,
@@ -136,21 +149,21 @@ impl Usage {
 }
 
 /// Details of the prompt tokens.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PromptTokensDetails {
     /// Prompt tokens whose KV blocks were already cached on the worker.
     pub cached_tokens: u32,
 }
 
 /// Details of the completion tokens.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CompletionTokensDetails {
     /// Tokens spent on reasoning.
     pub reasoning_tokens: u32,
 }
 
 /// `stream_options` of a streaming request.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StreamOptions {
     /// Send a last chunk with `usage` and no choices; every other chunk has `"usage": null`.
     #[serde(default)]
@@ -158,7 +171,7 @@ pub struct StreamOptions {
 }
 
 /// The `stop` field: one string or a list of strings; integers (token ids) are accepted too.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum Stop {
     /// `"stop": "\n"`.
@@ -168,7 +181,7 @@ pub enum Stop {
 }
 
 /// One entry of a `stop` list.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum StopEntry {
     /// A stop string.

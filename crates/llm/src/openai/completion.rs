@@ -13,7 +13,7 @@ use crate::error::LlmError;
 
 /// A completions request. Unknown fields are ignored; integer limits are signed so that
 /// validation can name a negative field.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CompletionRequest {
     /// The served model name.
     pub model: String,
@@ -118,7 +118,7 @@ impl CompletionRequest {
 }
 
 /// The `prompt` of a completions request.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum Prompt {
     /// One text prompt.
@@ -164,7 +164,7 @@ impl Prompt {
 }
 
 /// A unary completions response.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CompletionResponse {
     /// `cmpl-...`.
     pub id: String,
@@ -188,7 +188,7 @@ pub struct CompletionResponse {
 }
 
 /// One choice of a [`CompletionResponse`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CompletionChoice {
     /// Position in `choices`.
     pub index: u32,

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 /// `{"error":{"message","type","param","code"},"message","type","code"}` (docs/http-api.md,
 /// "Errors"). The SDKs read `error`; the flat fields keep clients of older Dynamo versions
 /// working.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorResponse {
     /// The OpenAI error object.
     pub error: ErrorDetail,
@@ -19,7 +19,7 @@ pub struct ErrorResponse {
 }
 
 /// The `error` object of an error body or of a mid-stream error event.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorDetail {
     /// What went wrong, for people.
     pub message: String,
@@ -33,7 +33,7 @@ pub struct ErrorDetail {
 }
 
 /// An error `code`: OpenAI uses strings, some servers send the HTTP status.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum ErrorCodeValue {
     /// `"model_not_found"`.

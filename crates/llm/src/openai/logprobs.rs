@@ -7,14 +7,14 @@ use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// `choices[i].logprobs` of a chat response or chunk.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChatLogprobs {
     /// One entry per generated token.
     pub content: Option<Vec<ChatLogprob>>,
 }
 
 /// The log probability of one generated token and its alternatives.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChatLogprob {
     /// The token text (or `token_id:<id>` with `return_tokens_as_token_ids`).
     pub token: String,
@@ -27,7 +27,7 @@ pub struct ChatLogprob {
 }
 
 /// One alternative of a [`ChatLogprob`].
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TopLogprob {
     /// The token text.
     pub token: String,
@@ -38,13 +38,14 @@ pub struct TopLogprob {
 }
 
 /// `choices[i].logprobs` of a completions response: parallel arrays of equal length.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CompletionLogprobs {
     /// Token texts.
     pub tokens: Vec<String>,
     /// Log probability of each token (`null` for the first echoed prompt token).
     pub token_logprobs: Vec<Option<f32>>,
     /// The top alternatives at each position, `{token: logprob}`.
+    #[schema(value_type = Vec<Option<std::collections::HashMap<String, f32>>>)]
     pub top_logprobs: Vec<Option<TopLogprobMap>>,
     /// Character offset of each token in the returned text.
     pub text_offset: Vec<u32>,

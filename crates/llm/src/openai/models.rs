@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use super::common::{ListObject, ModelObjectTag};
 
 /// `{"object":"list","data":[...]}`: the models that have a ready worker.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ModelList {
     /// Always `"list"`.
     pub object: ListObject,
@@ -14,7 +14,7 @@ pub struct ModelList {
 }
 
 /// One served model.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ModelObject {
     /// The name clients put in `model`.
     pub id: String,

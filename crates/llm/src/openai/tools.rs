@@ -4,7 +4,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
 /// A tool the model may call: `{"type": "function", "function": {...}}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChatTool {
     /// Always `"function"` today.
     #[serde(rename = "type", default = "function_type")]
@@ -14,7 +14,7 @@ pub struct ChatTool {
 }
 
 /// A callable function described by a JSON schema.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct FunctionDefinition {
     /// The function name.
     pub name: String,
@@ -30,7 +30,7 @@ pub struct FunctionDefinition {
 }
 
 /// `tool_choice`: `"none"`, `"auto"`, `"required"` or a named function.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum ToolChoice {
     /// One of the modes.
@@ -40,7 +40,7 @@ pub enum ToolChoice {
 }
 
 /// The string forms of `tool_choice`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ToolChoiceMode {
     /// Never call a tool.
@@ -52,7 +52,7 @@ pub enum ToolChoiceMode {
 }
 
 /// A `tool_choice` that forces one function.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct NamedToolChoice {
     /// Always `"function"`.
     #[serde(rename = "type", default = "function_type")]
@@ -62,14 +62,14 @@ pub struct NamedToolChoice {
 }
 
 /// A function named by a [`NamedToolChoice`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct FunctionName {
     /// The function name.
     pub name: String,
 }
 
 /// A complete tool call, in an assistant message of a request or of a unary response.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ToolCall {
     /// The call id that the tool result refers to.
     #[serde(default)]
@@ -82,7 +82,7 @@ pub struct ToolCall {
 }
 
 /// The function of a [`ToolCall`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct FunctionCall {
     /// The function name.
     pub name: String,
@@ -121,7 +121,7 @@ pub struct FunctionCallDelta {
 }
 
 /// `response_format`: plain text, any JSON object, or JSON following a schema.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ResponseFormat {
     /// No constraint.
@@ -136,7 +136,7 @@ pub enum ResponseFormat {
 }
 
 /// The `json_schema` of a [`ResponseFormat::JsonSchema`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct JsonSchemaFormat {
     /// Schema name.
     pub name: String,

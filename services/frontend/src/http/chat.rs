@@ -3,74 +3,203 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::State;
-use axum::extract::rejection::BytesRejection;
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
+use futures::Stream;
 use kvmesh_llm::EncodedPrompt;
 use kvmesh_llm::openai::{
     ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionObject, ChatCompletionRequest,
-    ChatCompletionResponse, ChatResponseMessage, FinishReason, Role, Usage,
+    ChatCompletionResponse, ChatResponseMessage, Role, Usage,
 };
 
+use super::AppState;
+use super::endpoint::{Arrival, Endpoint};
 use super::openai_shared::{check_supported, now_secs, response_nvext};
-use super::request_metrics::{EarlyRequest, RequestScope};
+use super::request_metrics::RequestScope;
 use super::sse;
-use super::{AppState, body_bytes, parse_json, request_id, with_request_id};
 use crate::error::FrontendError;
-use crate::generate;
+use crate::generate::{self, TextDelta, TokenUsage};
 use crate::models::find_model;
 use crate::pipeline::generate_request;
-use crate::preprocess::{RequestTimer, Stage};
+use crate::preprocess::Stage;
 
-/// Handles a chat completion, streaming or unary.
-pub async fn chat_completions(
-    State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    let request_id = request_id(&headers);
-    let mut early = EarlyRequest::default();
-    let response = match handle(&state, &request_id, &headers, body, &mut early).await {
-        Ok(response) => response,
-        Err(error) => {
-            early.count_failure(&state, "chat_completions", &error);
-            state.error_response(error)
-        }
-    };
-    with_request_id(response, &request_id)
+/// `POST /v1/chat/completions`, streaming or unary.
+pub(crate) struct ChatCompletions;
+
+impl Endpoint for ChatCompletions {
+    const NAME: &'static str = "chat_completions";
+    type Request = ChatCompletionRequest;
+
+    async fn handle(
+        state: &Arc<AppState>,
+        request: ChatCompletionRequest,
+        arrival: Arrival<'_>,
+    ) -> Result<Response, FrontendError> {
+        let request = Arc::new(request);
+        let request_id = arrival.request_id;
+        let started = start(state, Self::NAME, &request, arrival).await?;
+        respond(state, &request, request_id, started).await
+    }
 }
 
-async fn handle(
-    state: &Arc<AppState>,
+async fn respond(
+    state: &AppState,
+    request: &ChatCompletionRequest,
     request_id: &str,
-    headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-    early: &mut EarlyRequest,
+    started: StartedChat<impl Stream<Item = Result<TextDelta, FrontendError>> + Send + 'static>,
 ) -> Result<Response, FrontendError> {
-    state.check_accepting()?;
-    let mut timer = RequestTimer::start(&state.preprocess);
-    let body = body_bytes(state, body)?;
-    // A large body is parsed on the preprocessing pool, like its rendering and tokenizing.
-    let body_len = body.len();
-    let request: Arc<ChatCompletionRequest> = Arc::new(
-        state
-            .preprocess
-            .offload(body_len, move || parse_json(&body))
-            .await?,
+    let StartedChat {
+        deltas,
+        mut scope,
+        model,
+        nvext,
+        ..
+    } = started;
+    let stream = request.is_stream();
+    let id = format!("chatcmpl-{request_id}");
+    let created = now_secs();
+
+    if !stream {
+        let answer = sse::collect_unary(deltas, &mut scope, String::new()).await?;
+        let response = ChatCompletionResponse {
+            id,
+            object: ChatCompletionObject,
+            created,
+            model,
+            choices: vec![ChatChoice {
+                index: 0,
+                message: ChatResponseMessage {
+                    role: Role::Assistant,
+                    content: Some(answer.text),
+                    ..Default::default()
+                },
+                logprobs: None,
+                finish_reason: answer.finish_reason,
+            }],
+            usage: Some(Usage::new(
+                answer.usage.prompt_tokens,
+                answer.usage.completion_tokens,
+                Some(answer.usage.cached_tokens),
+            )),
+            system_fingerprint: None,
+            nvext,
+        };
+        return Ok(axum::Json(response).into_response());
+    }
+
+    let include_usage = request.include_usage();
+    let mut first = ChatCompletionChunk::new(
+        id.as_str(),
+        model.as_str(),
+        created,
+        ChatChunkChoice::role(0),
+        include_usage,
     );
-    early.parsed(state, &request.model, request.is_stream());
+    first.nvext = nvext;
+    let opening = sse::data_event(&first);
+    let framer = ChatFramer {
+        id,
+        model,
+        created,
+        include_usage,
+    };
+    let events = sse::delta_events(scope, deltas, Some(opening), framer);
+    Ok(sse::sse_response(events, state.settings.sse_keep_alive))
+}
+
+/// Chat chunks: text and finish reason go out as separate chunks, as OpenAI sends them.
+struct ChatFramer {
+    id: String,
+    model: String,
+    created: u64,
+    include_usage: bool,
+}
+
+impl ChatFramer {
+    fn chunk(&self, choice: ChatChunkChoice<'_>) -> Bytes {
+        sse::data_event(&ChatCompletionChunk::new(
+            self.id.as_str(),
+            self.model.as_str(),
+            self.created,
+            choice,
+            self.include_usage,
+        ))
+    }
+}
+
+impl sse::ChunkFramer for ChatFramer {
+    fn delta(&mut self, delta: &TextDelta, events: &mut Vec<Bytes>) {
+        if !delta.text.is_empty() {
+            events.push(self.chunk(ChatChunkChoice::content(0, &delta.text)));
+        }
+        if let Some(reason) = delta.finish_reason {
+            events.push(self.chunk(ChatChunkChoice::finish(0, reason)));
+        }
+    }
+
+    fn close(&mut self, usage: Option<TokenUsage>, events: &mut Vec<Bytes>) {
+        let usage_chunk = usage.filter(|_| self.include_usage).map(|usage| {
+            sse::data_event(&ChatCompletionChunk::usage_only(
+                self.id.as_str(),
+                self.model.as_str(),
+                self.created,
+                Usage::new(
+                    usage.prompt_tokens,
+                    usage.completion_tokens,
+                    Some(usage.cached_tokens),
+                ),
+            ))
+        });
+        sse::close_openai(usage_chunk, events);
+    }
+}
+
+/// A chat request started on a worker: its deltas, its metrics scope, the served model name and
+/// the response `nvext` the client asked for.
+pub(crate) struct StartedChat<D> {
+    /// The text deltas; dropping them cancels the worker.
+    pub deltas: D,
+    /// Outcome and token metrics of the request.
+    pub scope: RequestScope,
+    /// The served model name.
+    pub model: String,
+    /// The response `nvext` (only when asked for).
+    pub nvext: Option<serde_json::Value>,
+    /// Tokens of the rendered prompt.
+    pub prompt_tokens: u32,
+}
+
+/// The chat path every chat-family endpoint (chat completions, Anthropic Messages, Responses)
+/// shares after its own parsing: checks, the model, the chat template and tokenizer, the token
+/// budget, and the start through the model's routing seam. Failures before the scope exists are
+/// counted through the arrival's early record; `endpoint` labels the request metrics.
+pub(crate) async fn start(
+    state: &Arc<AppState>,
+    endpoint: &'static str,
+    request: &Arc<ChatCompletionRequest>,
+    arrival: Arrival<'_>,
+) -> Result<
+    StartedChat<impl Stream<Item = Result<TextDelta, FrontendError>> + Send + use<>>,
+    FrontendError,
+> {
+    let Arrival {
+        request_id,
+        headers,
+        body_len,
+        mut timer,
+        early,
+    } = arrival;
+    let stream = request.is_stream();
+    early.parsed(state, &request.model, stream);
     request.validate()?;
     let sampling = request.sampling_options();
     check_supported(&sampling)?;
     let entry = find_model(&state.models, &request.model)?;
-    let stream = request.is_stream();
     early.is_scoped = true;
-    let mut scope = RequestScope::new(state, &entry, "chat_completions", stream);
+    let mut scope = RequestScope::new(state, &entry, endpoint, stream)?;
     let started = async {
         let EncodedPrompt { ids: prompt, cuts } = entry
             .pipeline
-            .chat_prompt(&request, body_len, &mut timer)
+            .chat_prompt(request, body_len, &mut timer)
             .await?;
         let max_tokens =
             entry
@@ -119,94 +248,11 @@ async fn handle(
         timer,
         request_id.to_string(),
     );
-    let id = format!("chatcmpl-{request_id}");
-    let created = now_secs();
-    let model = entry.name.clone();
-
-    if !stream {
-        let answer = sse::collect_unary(deltas, &mut scope, String::new()).await?;
-        let response = ChatCompletionResponse {
-            id,
-            object: ChatCompletionObject,
-            created,
-            model,
-            choices: vec![ChatChoice {
-                index: 0,
-                message: ChatResponseMessage {
-                    role: Role::Assistant,
-                    content: Some(answer.text),
-                    ..Default::default()
-                },
-                logprobs: None,
-                finish_reason: answer.finish_reason,
-            }],
-            usage: Some(Usage::new(
-                answer.usage.prompt_tokens,
-                answer.usage.completion_tokens,
-                Some(answer.usage.cached_tokens),
-            )),
-            system_fingerprint: None,
-            nvext,
-        };
-        return Ok(axum::Json(response).into_response());
-    }
-
-    let include_usage = request.include_usage();
-    let mut first = ChatCompletionChunk::new(
-        id.as_str(),
-        model.as_str(),
-        created,
-        ChatChunkChoice::role(0),
-        include_usage,
-    );
-    first.nvext = nvext;
-    let opening = sse::data_event(&first);
-    let framer = ChatFramer {
-        id,
-        model,
-        created,
-        include_usage,
-    };
-    let events = sse::delta_events(scope, deltas, Some(opening), include_usage, framer);
-    Ok(sse::sse_response(events, state.settings.sse_keep_alive))
-}
-
-/// Chat chunks: text and finish reason go out as separate chunks, as OpenAI sends them.
-struct ChatFramer {
-    id: String,
-    model: String,
-    created: u64,
-    include_usage: bool,
-}
-
-impl ChatFramer {
-    fn chunk(&self, choice: ChatChunkChoice<'_>) -> Bytes {
-        sse::data_event(&ChatCompletionChunk::new(
-            self.id.as_str(),
-            self.model.as_str(),
-            self.created,
-            choice,
-            self.include_usage,
-        ))
-    }
-}
-
-impl sse::ChunkFramer for ChatFramer {
-    fn delta(&mut self, text: &str, finish_reason: Option<FinishReason>, events: &mut Vec<Bytes>) {
-        if !text.is_empty() {
-            events.push(self.chunk(ChatChunkChoice::content(0, text)));
-        }
-        if let Some(reason) = finish_reason {
-            events.push(self.chunk(ChatChunkChoice::finish(0, reason)));
-        }
-    }
-
-    fn usage(&self, usage: Usage) -> Bytes {
-        sse::data_event(&ChatCompletionChunk::usage_only(
-            self.id.as_str(),
-            self.model.as_str(),
-            self.created,
-            usage,
-        ))
-    }
+    Ok(StartedChat {
+        deltas,
+        scope,
+        model: entry.name.clone(),
+        nvext,
+        prompt_tokens: num_prompt_tokens,
+    })
 }

@@ -3,9 +3,6 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::State;
-use axum::extract::rejection::BytesRejection;
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use kvmesh_llm::openai::{
     CompletionChoice, CompletionChunk, CompletionChunkChoice, CompletionRequest,
@@ -13,31 +10,34 @@ use kvmesh_llm::openai::{
 };
 use serde_json::Value;
 
+use super::endpoint::{Arrival, Endpoint};
 use super::openai_shared::{now_secs, response_nvext};
-use super::request_metrics::{EarlyRequest, RequestScope};
+use super::request_metrics::RequestScope;
 use super::sse;
-use super::{AppState, body_bytes, parse_json, request_id, with_request_id};
+use super::{AppState, parse_json};
 use crate::completion::{self, StartSettings};
 use crate::error::FrontendError;
+use crate::generate::{TextDelta, TokenUsage};
 use crate::models::find_model;
-use crate::preprocess::RequestTimer;
 
-/// Handles a text completion, streaming or unary.
-pub async fn completions(
-    State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    let request_id = request_id(&headers);
-    let mut early = EarlyRequest::default();
-    let response = match handle(&state, &request_id, &headers, body, &mut early).await {
-        Ok(response) => response,
-        Err(error) => {
-            early.count_failure(&state, "completions", &error);
-            state.error_response(error)
-        }
-    };
-    with_request_id(response, &request_id)
+/// `POST /v1/completions`, streaming or unary.
+pub(crate) struct Completions;
+
+impl Endpoint for Completions {
+    const NAME: &'static str = "completions";
+    type Request = CompletionRequest;
+
+    fn parse(body: &[u8]) -> Result<CompletionRequest, FrontendError> {
+        parse_request(body)
+    }
+
+    async fn handle(
+        state: &Arc<AppState>,
+        request: CompletionRequest,
+        arrival: Arrival<'_>,
+    ) -> Result<Response, FrontendError> {
+        serve(state, request, arrival).await
+    }
 }
 
 fn check_prompt_shape(body: &Value) -> Result<(), FrontendError> {
@@ -86,23 +86,24 @@ fn parse_request(body: &[u8]) -> Result<CompletionRequest, FrontendError> {
         .map_err(|e| FrontendError::invalid(format!("invalid request: {e}"), None))
 }
 
-async fn handle(
+async fn serve(
     state: &Arc<AppState>,
-    request_id: &str,
-    headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-    early: &mut EarlyRequest,
+    request: CompletionRequest,
+    arrival: Arrival<'_>,
 ) -> Result<Response, FrontendError> {
-    state.check_accepting()?;
-    let timer = RequestTimer::start(&state.preprocess);
-    let body = body_bytes(state, body)?;
-    let request = parse_request(&body)?;
+    let Arrival {
+        request_id,
+        headers,
+        timer,
+        early,
+        ..
+    } = arrival;
     early.parsed(state, &request.model, request.is_stream());
     let sampling = completion::check(&request)?;
     let entry = find_model(&state.models, &request.model)?;
     let stream = request.is_stream();
     early.is_scoped = true;
-    let mut scope = RequestScope::new(state, &entry, "completions", stream);
+    let mut scope = RequestScope::new(state, &entry, Completions::NAME, stream)?;
     let settings = StartSettings {
         request_id: request_id.to_string(),
         hints: super::routing_hints(&state.settings, headers, request.nvext.as_ref())?,
@@ -161,7 +162,7 @@ async fn handle(
         nvext,
     };
     let opening = echoed.map(|echoed| framer.chunk(&echoed, None));
-    let events = sse::delta_events(scope, deltas, opening, include_usage, framer);
+    let events = sse::delta_events(scope, deltas, opening, framer);
     Ok(sse::sse_response(events, state.settings.sse_keep_alive))
 }
 
@@ -196,16 +197,23 @@ impl CompletionFramer {
 }
 
 impl sse::ChunkFramer for CompletionFramer {
-    fn delta(&mut self, text: &str, finish_reason: Option<FinishReason>, events: &mut Vec<Bytes>) {
-        events.push(self.chunk(text, finish_reason));
+    fn delta(&mut self, delta: &TextDelta, events: &mut Vec<Bytes>) {
+        events.push(self.chunk(&delta.text, delta.finish_reason));
     }
 
-    fn usage(&self, usage: Usage) -> Bytes {
-        sse::data_event(&CompletionChunk::usage_only(
-            self.id.as_str(),
-            self.model.as_str(),
-            self.created,
-            usage,
-        ))
+    fn close(&mut self, usage: Option<TokenUsage>, events: &mut Vec<Bytes>) {
+        let usage_chunk = usage.filter(|_| self.include_usage).map(|usage| {
+            sse::data_event(&CompletionChunk::usage_only(
+                self.id.as_str(),
+                self.model.as_str(),
+                self.created,
+                Usage::new(
+                    usage.prompt_tokens,
+                    usage.completion_tokens,
+                    Some(usage.cached_tokens),
+                ),
+            ))
+        });
+        sse::close_openai(usage_chunk, events);
     }
 }

@@ -61,18 +61,39 @@ pub struct RequestScope {
     started: Instant,
     finished: bool,
     _inflight: InflightGuard,
+    _admitted: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl RequestScope {
-    /// Starts tracking a request for `model`.
+    /// Admits a request for `model` and starts tracking it; past the frontend's limit of
+    /// requests in flight (the `--rejection-frontend-*` flags) it is refused as overloaded and
+    /// counted as a rejection.
     pub fn new(
         state: &Arc<AppState>,
         model: &Arc<ModelEntry>,
         endpoint: &'static str,
         stream: bool,
-    ) -> Self {
+    ) -> Result<Self, FrontendError> {
+        let admitted = match &state.admission {
+            None => None,
+            Some(slots) => match slots.clone().try_acquire_owned() {
+                Ok(permit) => Some(permit),
+                Err(_) => {
+                    let error = FrontendError::Route(kvmesh_routing::RouteError::Overloaded);
+                    state.metrics.count_request(
+                        &model.name,
+                        endpoint,
+                        stream,
+                        Some(error.code().metric_label()),
+                    );
+                    state.metrics.count_rejection(&model.name, endpoint);
+                    return Err(error);
+                }
+            },
+        };
         model.metrics.inflight.inc();
-        Self {
+        Ok(Self {
+            _admitted: admitted,
             _inflight: state.inflight.enter(),
             state: state.clone(),
             model: model.clone(),
@@ -80,7 +101,7 @@ impl RequestScope {
             stream,
             started: Instant::now(),
             finished: false,
-        }
+        })
     }
 
     /// Records the end of the request.
@@ -116,6 +137,13 @@ impl RequestScope {
         metrics.output_tokens.observe(f64::from(completion));
         metrics.output_tokens_total.inc_by(u64::from(completion));
         metrics.cached_tokens.observe(f64::from(cached));
+        metrics.router_input_tokens.observe(f64::from(prompt));
+        metrics.router_output_tokens.observe(f64::from(completion));
+        if prompt > 0 {
+            let hit_rate = f64::from(cached.min(prompt)) / f64::from(prompt);
+            metrics.kv_hit_rate.observe(hit_rate);
+            metrics.router_kv_hit_rate.observe(hit_rate);
+        }
     }
 }
 
@@ -124,6 +152,7 @@ impl Drop for RequestScope {
         self.model.metrics.inflight.dec();
         if !self.finished {
             self.model.metrics.disconnected.inc();
+            self.model.metrics.cancellations.inc();
             self.finished = true;
             self.state.metrics.count_request(
                 &self.model.name,

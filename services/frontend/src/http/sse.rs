@@ -28,6 +28,22 @@ pub fn data_event<T: Serialize>(value: &T) -> Bytes {
     Bytes::from(buffer)
 }
 
+/// Frames one named JSON event as `event: <name>\ndata: <json>\n\n` (Anthropic Messages and
+/// Responses streams, whose clients dispatch on the `event:` line).
+pub fn named_event<T: Serialize>(name: &str, value: &T) -> Bytes {
+    let mut buffer = Vec::with_capacity(256);
+    buffer.extend_from_slice(b"event: ");
+    buffer.extend_from_slice(name.as_bytes());
+    buffer.extend_from_slice(b"\ndata: ");
+    let start = buffer.len();
+    if serde_json::to_writer(&mut buffer, value).is_err() {
+        buffer.truncate(start);
+        buffer.extend_from_slice(b"{}");
+    }
+    buffer.extend_from_slice(b"\n\n");
+    Bytes::from(buffer)
+}
+
 /// Frames an error after the stream has started: `data: {"error":{...}}`, no `[DONE]` follows.
 pub fn error_event(error: &FrontendError) -> Bytes {
     if error.is_private() {
@@ -74,29 +90,35 @@ fn with_keep_alive(
     }
 }
 
-/// How one endpoint frames its stream's chunks: chat and completions shape them differently, while
-/// the life of the stream (usage chunk, `[DONE]`, errors, the outcome on the request scope) is
-/// the same and lives in [`delta_events`].
+/// How one endpoint frames its stream: chat, completions, Anthropic Messages and Responses
+/// shape their events differently, while the life of the stream (the order of deltas, the end,
+/// errors, the outcome on the request scope) is the same and lives in [`delta_events`].
 pub trait ChunkFramer: Send + 'static {
     /// Appends the events of one delta that carries text, a finish reason, or both.
-    fn delta(
-        &mut self,
-        text: &str,
-        finish_reason: Option<kvmesh_llm::openai::FinishReason>,
-        events: &mut Vec<Bytes>,
-    );
-    /// The usage-only chunk sent after the finish when the client asked for usage.
-    fn usage(&self, usage: kvmesh_llm::openai::Usage) -> Bytes;
+    fn delta(&mut self, delta: &TextDelta, events: &mut Vec<Bytes>);
+    /// Appends the events that end the stream: after the finish delta, with its usage, or with
+    /// `None` when the engine cancelled the generation without a finish.
+    fn close(&mut self, usage: Option<TokenUsage>, events: &mut Vec<Bytes>);
+    /// The event of an error after the stream started (the OpenAI shape unless overridden).
+    fn error(&mut self, error: &FrontendError) -> Bytes {
+        error_event(error)
+    }
+}
+
+/// The end of an OpenAI stream (chat, completions): the usage chunk when the client asked for
+/// usage and the stream finished, then `[DONE]`.
+pub fn close_openai(usage_chunk: Option<Bytes>, events: &mut Vec<Bytes>) {
+    events.extend(usage_chunk);
+    events.push(Bytes::from_static(DONE));
 }
 
 /// Streams `deltas` as server-sent events: `opening` first, then each delta as `framer` frames
-/// it, the usage chunk when `include_usage`, and `[DONE]`; an error ends the stream with an error
-/// event and no `[DONE]`. Records the outcome and token counts on `scope`.
+/// it, then the framer's closing events; an error ends the stream with the framer's error event.
+/// Records the outcome and token counts on `scope`.
 pub fn delta_events(
     mut scope: RequestScope,
     deltas: impl Stream<Item = Result<TextDelta, FrontendError>> + Send + 'static,
     opening: Option<Bytes>,
-    include_usage: bool,
     mut framer: impl ChunkFramer,
 ) -> impl Stream<Item = Bytes> + Send + 'static {
     async_stream::stream! {
@@ -104,41 +126,40 @@ pub fn delta_events(
             yield event;
         }
         let mut deltas = std::pin::pin!(deltas);
-        let mut events = Vec::with_capacity(2);
+        let mut events = Vec::with_capacity(4);
         while let Some(delta) = deltas.next().await {
             let delta = match delta {
                 Ok(delta) => delta,
                 Err(error) => {
                     scope.finish(Some(&error));
-                    yield error_event(&error);
+                    yield framer.error(&error);
                     return;
                 }
             };
             if delta.text.is_empty() && delta.finish_reason.is_none() {
                 continue;
             }
-            framer.delta(&delta.text, delta.finish_reason, &mut events);
-            for event in events.drain(..) {
-                yield event;
-            }
+            framer.delta(&delta, &mut events);
             if delta.finish_reason.is_some() {
                 let usage = delta.usage.unwrap_or_default();
                 scope.observe_tokens(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens);
-                if include_usage {
-                    yield framer.usage(kvmesh_llm::openai::Usage::new(
-                        usage.prompt_tokens,
-                        usage.completion_tokens,
-                        Some(usage.cached_tokens),
-                    ));
-                }
+                framer.close(Some(usage), &mut events);
                 scope.finish(None);
-                yield Bytes::from_static(DONE);
+                for event in events.drain(..) {
+                    yield event;
+                }
                 return;
             }
+            for event in events.drain(..) {
+                yield event;
+            }
         }
-        // Cancelled by the engine: the stream ends without a finish chunk.
+        // Cancelled by the engine: the stream ends without a finish.
         scope.finish(None);
-        yield Bytes::from_static(DONE);
+        framer.close(None, &mut events);
+        for event in events.drain(..) {
+            yield event;
+        }
     }
 }
 
@@ -150,6 +171,8 @@ pub struct UnaryAnswer {
     pub finish_reason: Option<kvmesh_llm::openai::FinishReason>,
     /// Token counts.
     pub usage: TokenUsage,
+    /// The stop string that ended generation, if one did.
+    pub stop_sequence: Option<String>,
 }
 
 /// Reads every delta of a unary request into one answer, recording the outcome on `scope`.
@@ -184,5 +207,6 @@ pub async fn collect_unary(
         text,
         finish_reason: last.finish_reason,
         usage,
+        stop_sequence: last.stop_sequence,
     })
 }

@@ -183,7 +183,7 @@ async fn start(
         hints,
         timer,
     } = prepared;
-    let mut scope = RequestScope::new(state, &entry, endpoint, inputs.streaming);
+    let mut scope = RequestScope::new(state, &entry, endpoint, inputs.streaming)?;
     let settings = StartSettings {
         request_id: uuid::Uuid::new_v4().to_string(),
         hints,

@@ -1,0 +1,375 @@
+//! OpenAI Responses requests (`POST /v1/responses`) and their translation to a chat request, so
+//! that the Responses API is served by the chat path (docs/http-api.md, "Responses API").
+//!
+//! kvmesh keeps no conversation state: `store` is accepted and ignored, and a
+//! `previous_response_id` is refused. `instructions` become a leading system message; input
+//! items map onto chat messages (`message` items by role, `function_call` items onto an assistant
+//! message's `tool_calls`, `function_call_output` items onto `tool` messages).
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::error::LlmError;
+use crate::openai::{
+    ChatCompletionRequest, ChatMessage, ChatTool, FunctionCall, FunctionDefinition, FunctionName,
+    MessageContent, NamedToolChoice, ToolCall, ToolChoice, ToolChoiceMode,
+};
+
+/// A Responses request. Unknown fields are ignored.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+pub struct ResponsesRequest {
+    /// The served model name.
+    pub model: String,
+    /// A string (one user message) or a list of input items.
+    pub input: ResponsesInput,
+    /// System instructions, put before the input.
+    #[serde(default)]
+    pub instructions: Option<String>,
+    /// Most tokens to generate; reaching it makes the response `incomplete`.
+    #[serde(default)]
+    pub max_output_tokens: Option<i64>,
+    /// Sampling temperature, 0 to 2.
+    #[serde(default)]
+    pub temperature: Option<f64>,
+    /// Nucleus sampling mass.
+    #[serde(default)]
+    pub top_p: Option<f64>,
+    /// Function tools: `{type: "function", name, description?, parameters}`.
+    #[serde(default)]
+    pub tools: Option<Vec<ResponsesTool>>,
+    /// `none`, `auto`, `required` or `{type: "function", name}`.
+    #[serde(default)]
+    pub tool_choice: Option<Value>,
+    /// Stream server-sent events.
+    #[serde(default)]
+    pub stream: Option<bool>,
+    /// Refused: kvmesh is stateless.
+    #[serde(default)]
+    pub previous_response_id: Option<String>,
+    /// NVIDIA extensions, as on the chat endpoint.
+    #[serde(default)]
+    pub nvext: Option<Value>,
+}
+
+/// `input`: a string or items.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum ResponsesInput {
+    /// One user message.
+    Text(String),
+    /// Messages and function-call items.
+    Items(Vec<InputItem>),
+}
+
+impl Default for ResponsesInput {
+    fn default() -> Self {
+        Self::Text(String::new())
+    }
+}
+
+/// One input item. Only the fields of its `type` are set; an item without `type` is a message.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+pub struct InputItem {
+    /// `message` (the default), `function_call` or `function_call_output`.
+    #[serde(rename = "type", default)]
+    pub kind: Option<String>,
+    /// Role of a message: `user`, `assistant`, `system` or `developer`.
+    #[serde(default)]
+    pub role: Option<String>,
+    /// Content of a message: a string or `input_text`/`output_text` parts.
+    #[serde(default)]
+    pub content: Option<MessageContent>,
+    /// The call id of a function call or of its output.
+    #[serde(default)]
+    pub call_id: Option<String>,
+    /// The function of a function call.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// The JSON arguments of a function call.
+    #[serde(default)]
+    pub arguments: Option<String>,
+    /// The result of a function call.
+    #[serde(default)]
+    pub output: Option<Value>,
+}
+
+/// A function tool of the Responses API (flat, unlike chat's `{type, function: {...}}`).
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+pub struct ResponsesTool {
+    /// `function`; other tool types are refused.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The function name.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// What it does.
+    #[serde(default)]
+    pub description: Option<String>,
+    /// JSON schema of its arguments.
+    #[serde(default)]
+    pub parameters: Option<Value>,
+    /// Whether the arguments must follow the schema exactly.
+    #[serde(default)]
+    pub strict: Option<bool>,
+}
+
+impl ResponsesRequest {
+    /// Whether the response streams.
+    pub fn is_stream(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+
+    /// The equivalent chat request.
+    pub fn to_chat(&self) -> Result<ChatCompletionRequest, LlmError> {
+        if self.previous_response_id.is_some() {
+            return Err(invalid(
+                "previous_response_id",
+                "previous_response_id is not supported: this server keeps no response state; send the whole conversation as input",
+            ));
+        }
+        if let Some(n) = self.max_output_tokens.filter(|n| *n < 1) {
+            return Err(invalid(
+                "max_output_tokens",
+                format!("max_output_tokens must be at least 1, got {n}"),
+            ));
+        }
+        let mut messages = Vec::new();
+        if let Some(instructions) = self.instructions.as_ref().filter(|i| !i.is_empty()) {
+            messages.push(ChatMessage::new("system", instructions.as_str()));
+        }
+        match &self.input {
+            ResponsesInput::Text(text) => messages.push(ChatMessage::new("user", text.as_str())),
+            ResponsesInput::Items(items) => {
+                for (index, item) in items.iter().enumerate() {
+                    push_item(&mut messages, index, item)?;
+                }
+            }
+        }
+        if messages.iter().all(|m| m.role == "system") {
+            return Err(invalid("input", "input must hold at least one message"));
+        }
+        Ok(ChatCompletionRequest {
+            model: self.model.clone(),
+            messages,
+            max_tokens: self.max_output_tokens,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            stream: self.stream,
+            nvext: self.nvext.clone(),
+            tools: self.tools.as_deref().map(chat_tools).transpose()?,
+            tool_choice: self.tool_choice.as_ref().map(tool_choice).transpose()?,
+            ..Default::default()
+        })
+    }
+}
+
+fn invalid(param: &'static str, message: impl Into<String>) -> LlmError {
+    LlmError::InvalidRequest {
+        param: Some(param),
+        message: message.into(),
+    }
+}
+
+fn push_item(
+    messages: &mut Vec<ChatMessage>,
+    index: usize,
+    item: &InputItem,
+) -> Result<(), LlmError> {
+    match item.kind.as_deref().unwrap_or("message") {
+        "message" => {
+            let role = item.role.as_deref().ok_or_else(|| {
+                invalid("input", format!("input[{index}]: a message needs a role"))
+            })?;
+            if !matches!(role, "user" | "assistant" | "system" | "developer") {
+                return Err(invalid(
+                    "input",
+                    format!("input[{index}].role: unknown role {role:?}"),
+                ));
+            }
+            messages.push(ChatMessage {
+                role: role.to_string(),
+                content: item.content.clone(),
+                ..Default::default()
+            });
+        }
+        "function_call" => {
+            let call = ToolCall {
+                id: item.call_id.clone().unwrap_or_default(),
+                kind: "function".into(),
+                function: FunctionCall {
+                    name: item.name.clone().unwrap_or_default(),
+                    arguments: item.arguments.clone().unwrap_or_else(|| "{}".into()),
+                },
+            };
+            // Consecutive calls belong to one assistant turn.
+            match messages.last_mut() {
+                Some(last) if last.role == "assistant" && last.tool_calls.is_some() => {
+                    last.tool_calls.get_or_insert_with(Vec::new).push(call);
+                }
+                _ => messages.push(ChatMessage {
+                    role: "assistant".into(),
+                    tool_calls: Some(vec![call]),
+                    ..Default::default()
+                }),
+            }
+        }
+        "function_call_output" => {
+            let output = match &item.output {
+                None | Some(Value::Null) => String::new(),
+                Some(Value::String(text)) => text.clone(),
+                Some(other) => other.to_string(),
+            };
+            messages.push(ChatMessage {
+                role: "tool".into(),
+                content: Some(MessageContent::Text(output)),
+                tool_call_id: item.call_id.clone(),
+                ..Default::default()
+            });
+        }
+        other => {
+            return Err(LlmError::unhandled_kind(
+                other,
+                &[
+                    "reasoning",
+                    "item_reference",
+                    "file_search_call",
+                    "web_search_call",
+                    "computer_call",
+                    "computer_call_output",
+                    "image_generation_call",
+                    "code_interpreter_call",
+                    "local_shell_call",
+                    "local_shell_call_output",
+                    "mcp_list_tools",
+                    "mcp_approval_request",
+                    "mcp_approval_response",
+                    "mcp_call",
+                    "custom_tool_call",
+                    "custom_tool_call_output",
+                ],
+                "input",
+                format!("input[{index}]: item type '{other}' is not supported"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn chat_tools(tools: &[ResponsesTool]) -> Result<Vec<ChatTool>, LlmError> {
+    tools
+        .iter()
+        .enumerate()
+        .map(|(index, tool)| {
+            if tool.kind != "function" {
+                return Err(LlmError::unhandled_kind(
+                    &tool.kind,
+                    &[
+                        "file_search",
+                        "web_search",
+                        "web_search_preview",
+                        "computer_use_preview",
+                        "mcp",
+                        "code_interpreter",
+                        "image_generation",
+                        "local_shell",
+                        "custom",
+                    ],
+                    "tools",
+                    format!(
+                        "tools[{index}]: tool type '{}' is not supported; only function tools",
+                        tool.kind
+                    ),
+                ));
+            }
+            let name = tool
+                .name
+                .clone()
+                .ok_or_else(|| invalid("tools", format!("tools[{index}]: name is required")))?;
+            Ok(ChatTool {
+                kind: "function".into(),
+                function: FunctionDefinition {
+                    name,
+                    description: tool.description.clone(),
+                    parameters: tool.parameters.clone(),
+                    strict: tool.strict,
+                },
+            })
+        })
+        .collect()
+}
+
+fn tool_choice(value: &Value) -> Result<ToolChoice, LlmError> {
+    match value {
+        Value::String(mode) => match mode.as_str() {
+            "none" => Ok(ToolChoice::Mode(ToolChoiceMode::None)),
+            "auto" => Ok(ToolChoice::Mode(ToolChoiceMode::Auto)),
+            "required" => Ok(ToolChoice::Mode(ToolChoiceMode::Required)),
+            other => Err(invalid(
+                "tool_choice",
+                format!("unknown tool_choice {other:?}"),
+            )),
+        },
+        Value::Object(choice) => match choice.get("name").and_then(Value::as_str) {
+            Some(name) => Ok(ToolChoice::Named(NamedToolChoice {
+                kind: "function".into(),
+                function: FunctionName {
+                    name: name.to_string(),
+                },
+            })),
+            None => Err(invalid("tool_choice", "tool_choice object needs a name")),
+        },
+        _ => Err(invalid(
+            "tool_choice",
+            "tool_choice must be a string or an object",
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(body: Value) -> ResponsesRequest {
+        serde_json::from_value(body).unwrap()
+    }
+
+    #[test]
+    fn instructions_and_items_become_chat_messages() {
+        let chat = request(serde_json::json!({
+            "model": "m", "instructions": "be brief", "max_output_tokens": 5,
+            "input": [
+                {"role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
+                {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": "{}"},
+                {"type": "function_call", "call_id": "c2", "name": "time", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+            ],
+            "tools": [{"type": "function", "name": "weather", "parameters": {"type": "object"}}],
+            "tool_choice": "auto"
+        }))
+        .to_chat()
+        .unwrap();
+        let roles: Vec<&str> = chat.messages.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, ["system", "user", "assistant", "tool"]);
+        assert_eq!(chat.messages[1].text().unwrap(), "weather?");
+        assert_eq!(chat.messages[2].tool_calls.as_ref().unwrap().len(), 2);
+        assert_eq!(chat.max_tokens, Some(5));
+        assert_eq!(chat.tools.unwrap()[0].function.name, "weather");
+    }
+
+    #[test]
+    fn state_and_other_tools_are_refused() {
+        let stateful = request(
+            serde_json::json!({"model": "m", "input": "x", "previous_response_id": "resp_1"}),
+        );
+        assert_eq!(
+            stateful.to_chat().unwrap_err().param(),
+            Some("previous_response_id")
+        );
+        let search = request(
+            serde_json::json!({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}),
+        );
+        assert!(matches!(search.to_chat(), Err(LlmError::Unsupported(_))));
+        let empty = request(serde_json::json!({"model": "m", "input": [], "instructions": "x"}));
+        assert_eq!(empty.to_chat().unwrap_err().param(), Some("input"));
+    }
+}

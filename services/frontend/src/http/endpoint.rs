@@ -1,0 +1,112 @@
+//! The frame every generating endpoint shares: read the request id, refuse while draining, read
+//! and parse the body (a large one on the preprocessing pool), hand the parsed request to the
+//! endpoint, then count an early failure and answer it in the endpoint's protocol, and stamp
+//! `x-request-id` on whatever goes out. Each endpoint writes only what is its own.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::HeaderMap;
+use axum::response::Response;
+use serde::de::DeserializeOwned;
+
+use super::request_metrics::EarlyRequest;
+use super::{AppState, body_bytes, parse_json, request_id, with_request_id};
+use crate::error::FrontendError;
+use crate::preprocess::RequestTimer;
+
+/// Whose error body an endpoint answers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ErrorShape {
+    /// `{"error": {"message", "type", "param", "code"}}`.
+    OpenAi,
+    /// `{"type": "error", "error": {"type", "message"}}`.
+    Anthropic,
+}
+
+/// What an endpoint needs alongside its parsed request.
+pub(crate) struct Arrival<'a> {
+    /// The client's `x-request-id`, or a new one.
+    pub request_id: &'a str,
+    /// The request's headers (routing hints, session).
+    pub headers: &'a HeaderMap,
+    /// The body's size in bytes, which decides whether later stages go to the pool.
+    pub body_len: usize,
+    /// Started before the body was read, so parsing counts as preprocessing.
+    pub timer: RequestTimer,
+    /// What is known before the request's scope exists, for counting a failure.
+    pub early: &'a mut EarlyRequest,
+}
+
+/// One generating endpoint: its request type and what it does with a parsed request.
+pub(crate) trait Endpoint {
+    /// The endpoint's label in metrics (`endpoint="…"`).
+    const NAME: &'static str;
+    /// Whose error body it answers with.
+    const ERRORS: ErrorShape = ErrorShape::OpenAi;
+    /// The request body's type.
+    type Request: DeserializeOwned + Send + 'static;
+
+    /// Parses the body; the default is strict JSON with a 400 that says what is wrong.
+    fn parse(body: &[u8]) -> Result<Self::Request, FrontendError> {
+        parse_json(body)
+    }
+
+    /// Serves a parsed request.
+    fn handle(
+        state: &Arc<AppState>,
+        request: Self::Request,
+        arrival: Arrival<'_>,
+    ) -> impl Future<Output = Result<Response, FrontendError>> + Send;
+}
+
+/// The axum handler of endpoint `E`.
+pub(crate) async fn serve<E: Endpoint>(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let request_id = request_id(&headers);
+    let mut early = EarlyRequest::default();
+    let response = match receive::<E>(&state, &request_id, &headers, body, &mut early).await {
+        Ok(response) => response,
+        Err(error) => {
+            early.count_failure(&state, E::NAME, &error);
+            match E::ERRORS {
+                ErrorShape::OpenAi => state.error_response(error),
+                ErrorShape::Anthropic => {
+                    error.into_anthropic_response_with(state.settings.overload_status)
+                }
+            }
+        }
+    };
+    with_request_id(response, &request_id)
+}
+
+async fn receive<E: Endpoint>(
+    state: &Arc<AppState>,
+    request_id: &str,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    early: &mut EarlyRequest,
+) -> Result<Response, FrontendError> {
+    state.check_accepting()?;
+    let timer = RequestTimer::start(&state.preprocess);
+    let body = body_bytes(state, body)?;
+    let body_len = body.len();
+    let request = state
+        .preprocess
+        .offload(body_len, move || E::parse(&body))
+        .await?;
+    let arrival = Arrival {
+        request_id,
+        headers,
+        body_len,
+        timer,
+        early,
+    };
+    E::handle(state, request, arrival).await
+}
