@@ -6,6 +6,7 @@ use std::path::Path;
 use crate::error::LlmError;
 
 pub mod boundaries;
+mod byte_level;
 pub mod samples;
 
 use boundaries::Boundaries;
@@ -257,6 +258,26 @@ impl Tokenizer {
     /// The token string of an id (byte-level tokens look like `Ġthe`), for logprobs.
     pub fn id_to_token(&self, id: u32) -> Option<String> {
         self.inner.id_to_token(id)
+    }
+
+    /// The bytes token `id` stands for, which may be part of a UTF-8 character (logprobs report
+    /// them): a byte-level BPE token's own bytes, else the bytes of its decoded text.
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        let is_byte_level = matches!(
+            self.inner.get_decoder(),
+            Some(tokenizers::decoders::DecoderWrapper::ByteLevel(_))
+        );
+        if is_byte_level
+            && !self.is_added_token(id)
+            && let Some(bytes) = self
+                .inner
+                .id_to_token(id)
+                .as_deref()
+                .and_then(byte_level::token_bytes)
+        {
+            return bytes;
+        }
+        self.decode(&[id], false).unwrap_or_default().into_bytes()
     }
 
     /// The wrapped tokenizer, for anything this wrapper does not cover.

@@ -13,6 +13,7 @@ use kvmesh_routing::RoutingHints;
 use crate::error::FrontendError;
 use crate::generate::{self, FirstResponseWait, TextDelta};
 use crate::http::openai_shared::check_supported;
+use crate::logprobs::LogprobText;
 use crate::models::ModelEntry;
 use crate::pipeline::generate_request;
 use crate::preprocess::{RequestTimer, Stage};
@@ -62,6 +63,8 @@ pub struct StartedCompletion<D> {
     pub dp_rank: u32,
     /// The prompt text when the request asked for `echo`.
     pub echoed: Option<String>,
+    /// Names the tokens of the log probabilities, when the request asked for them.
+    pub logprobs: Option<LogprobText>,
 }
 
 /// Tokenizes the checked `request`'s prompt, fits its token budget to the model and starts it
@@ -146,5 +149,6 @@ pub async fn start(
         worker_id,
         dp_rank,
         echoed,
+        logprobs: LogprobText::new(entry.pipeline.tokenizer(), sampling),
     })
 }

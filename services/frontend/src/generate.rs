@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use futures::Stream;
 use kvmesh_core::prefix::PrefixCut;
 use kvmesh_llm::openai::FinishReason as OpenAiFinish;
-use kvmesh_proto::v1::{FinishReason, GenerateRequest};
+use kvmesh_proto::v1::{FinishReason, GenerateRequest, TokenLogprob};
 use kvmesh_router::GenerateOptions;
 pub use kvmesh_router::{FirstResponseWait, Generation};
 use kvmesh_routing::RoutingHints;
@@ -42,6 +42,8 @@ pub struct TextDelta {
     pub usage: Option<TokenUsage>,
     /// The stop string that ended generation, on the last delta when one did.
     pub stop_sequence: Option<String>,
+    /// Log probabilities of the tokens behind this delta, when the request asked for them.
+    pub logprobs: Vec<TokenLogprob>,
 }
 
 /// Starts `request` through the model's seam (`prefix_cuts`: the prompt's cut points, so the
@@ -126,6 +128,7 @@ pub fn text_deltas(
                 }
             }
             let num_tokens = response.token_ids.len() as u32;
+            let logprobs = response.logprobs;
             usage.completion_tokens += num_tokens;
             let detokenizing = Instant::now();
             let step = output.push_tokens(&response.token_ids);
@@ -133,7 +136,7 @@ pub fn text_deltas(
             let finish = FinishReason::try_from(response.finish_reason).unwrap_or(FinishReason::Unspecified);
             if step.stopped {
                 generation.complete();
-                let mut delta = TextDelta { text: step.text, num_tokens, ..Default::default() };
+                let mut delta = TextDelta { text: step.text, num_tokens, logprobs, ..Default::default() };
                 delta.finish_reason = Some(OpenAiFinish::Stop);
                 delta.usage = Some(usage);
                 delta.stop_sequence = output.matched_stop().map(str::to_string);
@@ -145,7 +148,7 @@ pub fn text_deltas(
             match finish {
                 FinishReason::Unspecified => {
                     if !step.text.is_empty() || num_tokens > 0 {
-                        yield Ok(TextDelta { text: step.text, num_tokens, ..Default::default() });
+                        yield Ok(TextDelta { text: step.text, num_tokens, logprobs, ..Default::default() });
                     }
                 }
                 other => {
@@ -158,7 +161,7 @@ pub fn text_deltas(
                     };
                     record_mean_itl(&worker, first_token_at, last_token_at, usage.completion_tokens);
                     drop(phase);
-                    yield Ok(TextDelta { text, num_tokens, finish_reason: Some(reason), usage: Some(usage), stop_sequence: None });
+                    yield Ok(TextDelta { text, num_tokens, finish_reason: Some(reason), usage: Some(usage), stop_sequence: None, logprobs });
                     return;
                 }
             }

@@ -12,6 +12,7 @@ pub mod hints;
 pub mod http;
 pub mod interactive;
 pub mod kserve;
+pub mod logprobs;
 pub mod metrics;
 pub mod models;
 pub mod opts;

@@ -167,7 +167,7 @@ pub fn generate_request(
             presence_penalty: sampling.presence_penalty,
             frequency_penalty: sampling.frequency_penalty,
             seed: sampling.seed.map(|seed| seed as u64),
-            greedy: false,
+            greedy: sampling.temperature == Some(0.0),
             guided_json_schema: None,
         }),
         stop: Some(StopConditions {

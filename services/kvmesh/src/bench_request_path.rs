@@ -94,6 +94,7 @@ pub fn request_path(
         stop_token_ids: Vec::new(),
         ignore_eos: true,
         lora_name: None,
+        sampling: Default::default(),
     });
     let mut stored = 0;
     let mut event_id = 0;

@@ -5,7 +5,9 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use kvmesh_proto::v1::{FinishReason, GenerateResponse, Usage, WorkerIdentity, WorkerLoad};
+use kvmesh_proto::v1::{
+    FinishReason, GenerateResponse, TokenLogprob, TopLogprob, Usage, WorkerIdentity, WorkerLoad,
+};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
@@ -154,6 +156,17 @@ pub async fn run_rank(
                 continue;
             }
             response.token_ids.push(output.token_id);
+            if let Some(logprobs) = output.logprobs {
+                response.logprobs.push(TokenLogprob {
+                    token_id: output.token_id,
+                    logprob: logprobs.logprob,
+                    top: logprobs
+                        .top
+                        .iter()
+                        .map(|&(token_id, logprob)| TopLogprob { token_id, logprob })
+                        .collect(),
+                });
+            }
             if output.is_first {
                 response.worker = Some(identity);
             }

@@ -8,6 +8,7 @@
 //! on every machine.
 
 mod dp_engine;
+pub mod logprobs;
 mod pool;
 mod sampler;
 mod sequence;
@@ -16,8 +17,10 @@ pub mod timing;
 mod types;
 
 pub use self::dp_engine::DpEngine;
+pub use self::logprobs::TokenLogprobs;
 pub use self::types::{
-    EngineRequest, FinishKind, KvCacheEvent, LoadSnapshot, StepOutput, StoredBlock, TokenOutput,
+    EngineRequest, EngineSampling, FinishKind, KvCacheEvent, LoadSnapshot, StepOutput, StoredBlock,
+    TokenOutput,
 };
 
 /// Which running sequence the scheduler preempts when a sequence needs a KV block and none can
@@ -69,6 +72,10 @@ pub struct EngineConfig {
     pub vocab_size: u32,
     /// Ids never drawn (special tokens); any order, duplicates allowed.
     pub special_token_ids: Vec<u32>,
+    /// When not empty, output tokens are drawn from these instead: the model's whole-word
+    /// tokens ([`crate::words::whole_word_ids`]), so the output reads as words. The simulator
+    /// leaves it empty and draws from the whole vocabulary.
+    pub word_token_ids: Vec<u32>,
     /// Thinking markers around the first part of each output.
     pub reasoning: Option<ReasoningConfig>,
     /// Log block allocation and eviction (`DYN_MOCKER_KV_CACHE_TRACE`).
@@ -90,6 +97,7 @@ impl Default for EngineConfig {
             seed: 0,
             vocab_size: 32000,
             special_token_ids: Vec::new(),
+            word_token_ids: Vec::new(),
             reasoning: None,
             kv_cache_trace: false,
         }
@@ -126,7 +134,11 @@ impl EngineConfig {
                 return Err(ConfigError::Zero(name));
             }
         }
-        if sampler::Vocab::new(self.vocab_size, &self.special_token_ids).num_drawable() == 0 {
+        if self.word_token_ids.is_empty()
+            && sampler::Vocab::new(self.vocab_size, &self.special_token_ids, Default::default())
+                .num_drawable()
+                == 0
+        {
             return Err(ConfigError::NoDrawableToken(self.vocab_size));
         }
         if let Some(reasoning) = &self.reasoning

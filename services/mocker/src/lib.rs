@@ -9,6 +9,7 @@ pub mod driver;
 pub mod embed;
 pub mod engine;
 pub mod opts;
+pub mod words;
 pub mod worker;
 
 use std::net::SocketAddr;
@@ -54,11 +55,12 @@ pub async fn run(
     let tokenizer = model.tokenizer();
     let mut special: Vec<u32> = tokenizer.added_token_ids().to_vec();
     special.extend_from_slice(tokenizer.special_token_ids());
-    let config = opts.engine.engine_config(
+    let mut config = opts.engine.engine_config(
         tokenizer.vocab_size() as u32,
         special,
         model.context_length().map(|n| n as usize),
     );
+    config.word_token_ids = words::whole_word_ids(tokenizer);
     config
         .validate()
         .map_err(|e| anyhow::anyhow!("invalid engine configuration: {e}"))?;

@@ -294,6 +294,7 @@ impl EngineArgs {
             seed: self.seed,
             vocab_size,
             special_token_ids: special_ids,
+            word_token_ids: Vec::new(),
             reasoning: self.reasoning,
             kv_cache_trace: kvmesh_runtime::config::env_truthy("DYN_MOCKER_KV_CACHE_TRACE"),
         }

@@ -22,7 +22,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::driver::{Command, RankOutput};
-use crate::engine::{EngineRequest, KvCacheEvent};
+use crate::engine::{EngineRequest, EngineSampling, KvCacheEvent};
 use kvmesh_runtime::GrpcErrorCode as _;
 
 /// The request side of a mock worker: routes each request to its data-parallel rank.
@@ -64,6 +64,7 @@ impl MockWorker {
             ))
         })?;
         let stop = request.stop.unwrap_or_default();
+        let sampling = request.sampling.unwrap_or_default();
         let engine_request = EngineRequest {
             key: 0,
             request_id: request.request_id,
@@ -73,6 +74,11 @@ impl MockWorker {
             stop_token_ids: stop.stop_token_ids,
             ignore_eos: stop.ignore_eos,
             lora_name: Some(request.lora_name).filter(|name| !name.is_empty()),
+            sampling: EngineSampling {
+                greedy: sampling.greedy || sampling.temperature == Some(0.0),
+                seed: sampling.seed,
+                logprobs: request.output.and_then(|output| output.logprobs),
+            },
         };
         let (tx, rx) = mpsc::unbounded_channel();
         rank.send(Command::Add(Box::new(engine_request), tx))

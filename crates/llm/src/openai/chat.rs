@@ -96,6 +96,9 @@ pub struct ChatCompletionRequest {
     /// vLLM: send the matched stop string.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub include_stop_str_in_output: Option<bool>,
+    /// vLLM: name logprob tokens `token_id:<id>` instead of their text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub return_tokens_as_token_ids: Option<bool>,
     /// vLLM: token ids that end generation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_token_ids: Option<Vec<u32>>,

@@ -91,6 +91,9 @@ pub struct CompletionRequest {
     /// vLLM: token ids that end generation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_token_ids: Option<Vec<u32>>,
+    /// vLLM: name logprob tokens `token_id:<id>` instead of their text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub return_tokens_as_token_ids: Option<bool>,
     /// NVIDIA extensions (docs/http-api.md, "nvext").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvext: Option<Value>,

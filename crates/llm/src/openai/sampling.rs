@@ -57,6 +57,8 @@ pub struct SamplingOptions {
     pub include_stop_str_in_output: bool,
     /// Alternatives per position when log probabilities are wanted, else `None`.
     pub logprobs: Option<u32>,
+    /// Logprob tokens are named `token_id:<id>` instead of their text.
+    pub return_tokens_as_token_ids: bool,
 }
 
 impl SamplingOptions {
@@ -95,6 +97,7 @@ struct Common<'a> {
     skip_special_tokens: Option<bool>,
     include_stop_str_in_output: Option<bool>,
     stop_token_ids: Option<&'a [u32]>,
+    return_tokens_as_token_ids: Option<bool>,
 }
 
 impl ChatCompletionRequest {
@@ -116,6 +119,7 @@ impl ChatCompletionRequest {
             skip_special_tokens: self.skip_special_tokens,
             include_stop_str_in_output: self.include_stop_str_in_output,
             stop_token_ids: self.stop_token_ids.as_deref(),
+            return_tokens_as_token_ids: self.return_tokens_as_token_ids,
         }
     }
 
@@ -174,6 +178,7 @@ impl CompletionRequest {
             skip_special_tokens: self.skip_special_tokens,
             include_stop_str_in_output: self.include_stop_str_in_output,
             stop_token_ids: self.stop_token_ids.as_deref(),
+            return_tokens_as_token_ids: self.return_tokens_as_token_ids,
         }
     }
 
@@ -287,6 +292,7 @@ fn normalize(c: &Common<'_>, logprobs: Option<u32>) -> SamplingOptions {
         skip_special_tokens: c.skip_special_tokens.unwrap_or(true),
         include_stop_str_in_output: c.include_stop_str_in_output.unwrap_or(false),
         logprobs,
+        return_tokens_as_token_ids: c.return_tokens_as_token_ids.unwrap_or(false),
     }
 }
 

@@ -18,6 +18,7 @@ use super::request_metrics::RequestScope;
 use super::sse;
 use crate::error::FrontendError;
 use crate::generate::{self, TextDelta, TokenUsage};
+use crate::logprobs::LogprobText;
 use crate::models::find_model;
 use crate::pipeline::generate_request;
 use crate::preprocess::Stage;
@@ -52,6 +53,7 @@ async fn respond(
         mut scope,
         model,
         nvext,
+        logprobs,
         ..
     } = started;
     let stream = request.is_stream();
@@ -72,7 +74,7 @@ async fn respond(
                     content: Some(answer.text),
                     ..Default::default()
                 },
-                logprobs: None,
+                logprobs: logprobs.map(|namer| namer.chat(&answer.logprobs)),
                 finish_reason: answer.finish_reason,
             }],
             usage: Some(Usage::new(
@@ -101,6 +103,7 @@ async fn respond(
         model,
         created,
         include_usage,
+        logprobs,
     };
     let events = sse::delta_events(scope, deltas, Some(opening), framer);
     Ok(sse::sse_response(events, state.settings.sse_keep_alive))
@@ -112,6 +115,7 @@ struct ChatFramer {
     model: String,
     created: u64,
     include_usage: bool,
+    logprobs: Option<LogprobText>,
 }
 
 impl ChatFramer {
@@ -128,8 +132,16 @@ impl ChatFramer {
 
 impl sse::ChunkFramer for ChatFramer {
     fn delta(&mut self, delta: &TextDelta, events: &mut Vec<Bytes>) {
-        if !delta.text.is_empty() {
-            events.push(self.chunk(ChatChunkChoice::content(0, &delta.text)));
+        // With logprobs every token's entry goes out, even while its text is held back.
+        let logprobs = self
+            .logprobs
+            .as_ref()
+            .filter(|_| !delta.logprobs.is_empty())
+            .map(|namer| namer.chat(&delta.logprobs));
+        if !delta.text.is_empty() || logprobs.is_some() {
+            let mut choice = ChatChunkChoice::content(0, &delta.text);
+            choice.logprobs = logprobs;
+            events.push(self.chunk(choice));
         }
         if let Some(reason) = delta.finish_reason {
             events.push(self.chunk(ChatChunkChoice::finish(0, reason)));
@@ -166,6 +178,8 @@ pub(crate) struct StartedChat<D> {
     pub nvext: Option<serde_json::Value>,
     /// Tokens of the rendered prompt.
     pub prompt_tokens: u32,
+    /// Names the tokens of the log probabilities, when the request asked for them.
+    pub logprobs: Option<LogprobText>,
 }
 
 /// The chat path every chat-family endpoint (chat completions, Anthropic Messages, Responses)
@@ -254,5 +268,6 @@ pub(crate) async fn start(
         model: entry.name.clone(),
         nvext,
         prompt_tokens: num_prompt_tokens,
+        logprobs: LogprobText::new(entry.pipeline.tokenizer(), &sampling),
     })
 }

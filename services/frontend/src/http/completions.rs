@@ -5,10 +5,12 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
 use kvmesh_llm::openai::{
-    CompletionChoice, CompletionChunk, CompletionChunkChoice, CompletionRequest,
-    CompletionResponse, FinishReason, TextCompletionObject, Usage,
+    CompletionChoice, CompletionChunk, CompletionChunkChoice, CompletionLogprobs,
+    CompletionRequest, CompletionResponse, FinishReason, TextCompletionObject, Usage,
 };
 use serde_json::Value;
+
+use crate::logprobs::LogprobText;
 
 use super::endpoint::{Arrival, Endpoint};
 use super::openai_shared::{now_secs, response_nvext};
@@ -125,6 +127,11 @@ async fn serve(
     );
     let deltas = started.deltas;
     let echoed = started.echoed;
+    let logprobs = started.logprobs;
+    // Token offsets count from the start of the returned text, after any echoed prompt.
+    let mut text_offset = echoed.as_deref().map_or(0, |text| {
+        u32::try_from(text.chars().count()).unwrap_or(u32::MAX)
+    });
     let id = format!("cmpl-{request_id}");
     let created = now_secs();
     let model = entry.name.clone();
@@ -138,8 +145,9 @@ async fn serve(
             model,
             choices: vec![CompletionChoice {
                 index: 0,
+                logprobs: logprobs
+                    .map(|namer| namer.completion(&answer.logprobs, &mut text_offset)),
                 text: answer.text,
-                logprobs: None,
                 finish_reason: answer.finish_reason,
             }],
             usage: Some(Usage::new(
@@ -160,8 +168,10 @@ async fn serve(
         created,
         include_usage,
         nvext,
+        logprobs,
+        text_offset,
     };
-    let opening = echoed.map(|echoed| framer.chunk(&echoed, None));
+    let opening = echoed.map(|echoed| framer.chunk(&echoed, None, None));
     let events = sse::delta_events(scope, deltas, opening, framer);
     Ok(sse::sse_response(events, state.settings.sse_keep_alive))
 }
@@ -174,14 +184,22 @@ struct CompletionFramer {
     created: u64,
     include_usage: bool,
     nvext: Option<Value>,
+    logprobs: Option<LogprobText>,
+    /// Character offset of the next token in the choice's text.
+    text_offset: u32,
 }
 
 impl CompletionFramer {
-    fn chunk(&mut self, text: &str, finish_reason: Option<FinishReason>) -> Bytes {
+    fn chunk(
+        &mut self,
+        text: &str,
+        logprobs: Option<CompletionLogprobs>,
+        finish_reason: Option<FinishReason>,
+    ) -> Bytes {
         let choice = CompletionChunkChoice {
             index: 0,
             text: text.into(),
-            logprobs: None,
+            logprobs,
             finish_reason,
         };
         let mut chunk = CompletionChunk::new(
@@ -198,7 +216,11 @@ impl CompletionFramer {
 
 impl sse::ChunkFramer for CompletionFramer {
     fn delta(&mut self, delta: &TextDelta, events: &mut Vec<Bytes>) {
-        events.push(self.chunk(&delta.text, delta.finish_reason));
+        let logprobs = self
+            .logprobs
+            .as_ref()
+            .map(|namer| namer.completion(&delta.logprobs, &mut self.text_offset));
+        events.push(self.chunk(&delta.text, logprobs, delta.finish_reason));
     }
 
     fn close(&mut self, usage: Option<TokenUsage>, events: &mut Vec<Bytes>) {

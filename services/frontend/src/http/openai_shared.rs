@@ -18,11 +18,6 @@ pub(crate) fn check_supported(sampling: &SamplingOptions) -> Result<(), Frontend
             sampling.n
         )));
     }
-    if sampling.logprobs.is_some() {
-        return Err(FrontendError::NotImplemented(
-            "logprobs are not supported by this release".into(),
-        ));
-    }
     Ok(())
 }
 

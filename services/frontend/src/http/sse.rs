@@ -173,6 +173,8 @@ pub struct UnaryAnswer {
     pub usage: TokenUsage,
     /// The stop string that ended generation, if one did.
     pub stop_sequence: Option<String>,
+    /// Log probabilities of every generated token, when the request asked for them.
+    pub logprobs: Vec<kvmesh_proto::v1::TokenLogprob>,
 }
 
 /// Reads every delta of a unary request into one answer, recording the outcome on `scope`.
@@ -184,10 +186,12 @@ pub async fn collect_unary(
     let mut deltas = std::pin::pin!(deltas);
     let mut text = prefix;
     let mut last = TextDelta::default();
+    let mut logprobs = Vec::new();
     while let Some(delta) = deltas.next().await {
         match delta {
-            Ok(delta) => {
+            Ok(mut delta) => {
                 text.push_str(&delta.text);
+                logprobs.append(&mut delta.logprobs);
                 last = delta;
             }
             Err(error) => {
@@ -208,5 +212,6 @@ pub async fn collect_unary(
         finish_reason: last.finish_reason,
         usage,
         stop_sequence: last.stop_sequence,
+        logprobs,
     })
 }

@@ -39,7 +39,11 @@ impl DpEngine {
         config.max_num_seqs = config.max_num_seqs.max(1);
         config.max_num_batched_tokens = config.max_num_batched_tokens.max(1);
         Self {
-            vocab: Vocab::new(config.vocab_size, &config.special_token_ids),
+            vocab: Vocab::new(
+                config.vocab_size,
+                &config.special_token_ids,
+                config.word_token_ids.as_slice().into(),
+            ),
             pool: BlockPool::new(config.num_gpu_blocks, config.kv_cache_trace),
             config,
             dp_rank,
@@ -181,6 +185,7 @@ impl DpEngine {
                 is_first: sampled.is_first,
                 cached_tokens: sequence.cached_tokens,
                 finish: sampled.finish,
+                logprobs: sampled.logprobs,
             });
             if is_finished {
                 let sequence = self.running.remove(index);
@@ -330,6 +335,7 @@ fn error_output(key: u64, message: String) -> TokenOutput {
         is_first: false,
         cached_tokens: 0,
         finish: Some(FinishKind::Error(message)),
+        logprobs: None,
     }
 }
 

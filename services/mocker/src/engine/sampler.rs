@@ -1,18 +1,23 @@
 //! Deterministic output tokens: a self-contained PRNG (no `rand`, so results never change with a
-//! dependency version) and the mapping from draws to non-special vocabulary ids.
+//! dependency version) and the mapping from draws to vocabulary ids.
+
+use std::sync::Arc;
 
 use super::ReasoningConfig;
 
-/// The drawable ids: `0..vocab_size` minus the special ids.
+/// The drawable ids: the model's whole-word tokens when known, else `0..vocab_size` minus the
+/// special ids.
 #[derive(Debug, Clone)]
 pub(crate) struct Vocab {
     vocab_size: u32,
     /// Sorted, deduplicated, all below `vocab_size`.
     special_ids: Vec<u32>,
+    /// When not empty, every draw is one of these.
+    words: Arc<[u32]>,
 }
 
 impl Vocab {
-    pub(crate) fn new(vocab_size: u32, special_ids: &[u32]) -> Self {
+    pub(crate) fn new(vocab_size: u32, special_ids: &[u32], words: Arc<[u32]>) -> Self {
         let mut special_ids: Vec<u32> = special_ids
             .iter()
             .copied()
@@ -23,6 +28,7 @@ impl Vocab {
         Self {
             vocab_size,
             special_ids,
+            words,
         }
     }
 
@@ -47,6 +53,9 @@ impl Vocab {
 
     /// Draws a uniform drawable id; 0 when nothing is drawable (a config `validate` rejects).
     pub(crate) fn draw(&self, rng: &mut Xoshiro256) -> u32 {
+        if !self.words.is_empty() {
+            return self.words[rng.below(self.words.len() as u64) as usize];
+        }
         match self.num_drawable() {
             0 => 0,
             n => self.nth_drawable(rng.below(u64::from(n)) as u32),
@@ -98,6 +107,19 @@ impl Xoshiro256 {
         Self::from_seed(mixed)
     }
 
+    /// The generator of a greedy or seeded request: it depends on the prompt (and the request's
+    /// seed), never on the request id, so the same prompt gives the same tokens however it is
+    /// sent.
+    pub(crate) fn for_prompt(seed: u64, prompt: &[u32], request_seed: Option<u64>) -> Self {
+        let mut state = seed ^ request_seed.map_or(0, |s| s.rotate_left(32) ^ 0x5EED);
+        let mut hash = 0xCBF2_9CE4_8422_2325u64;
+        for &token in prompt {
+            hash ^= u64::from(token);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01B3);
+        }
+        Self::from_seed(splitmix64(&mut state) ^ hash)
+    }
+
     pub(crate) fn next_u64(&mut self) -> u64 {
         let result = self.s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
         let t = self.s[1] << 17;
@@ -108,6 +130,11 @@ impl Xoshiro256 {
         self.s[2] ^= t;
         self.s[3] = self.s[3].rotate_left(45);
         result
+    }
+
+    /// Uniform in `[0, 1)`, 53 bits.
+    pub(crate) fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
     }
 
     /// Uniform in `0..n` without modulo bias (Lemire's multiply-and-reject); `n > 0`.
@@ -159,7 +186,7 @@ mod tests {
 
     #[test]
     fn draws_skip_special_ids_and_cover_the_rest() {
-        let vocab = Vocab::new(10, &[9, 0, 4, 5, 5, 77]);
+        let vocab = Vocab::new(10, &[9, 0, 4, 5, 5, 77], Arc::from([]));
         assert_eq!(vocab.num_drawable(), 6);
         let drawable: Vec<u32> = (0..6).map(|i| vocab.nth_drawable(i)).collect();
         assert_eq!(drawable, vec![1, 2, 3, 6, 7, 8]);
@@ -189,6 +216,30 @@ mod tests {
         assert_eq!(draw(0, "a"), draw(0, "a"));
         assert_ne!(draw(0, "a"), draw(0, "b"));
         assert_ne!(draw(0, "a"), draw(1, "a"));
+    }
+
+    #[test]
+    fn prompt_streams_ignore_the_request_id_and_follow_prompt_and_seed() {
+        let draw = |prompt: &[u32], seed| {
+            let mut rng = Xoshiro256::for_prompt(0, prompt, seed);
+            (0..4).map(|_| rng.next_u64()).collect::<Vec<_>>()
+        };
+        assert_eq!(draw(&[1, 2, 3], None), draw(&[1, 2, 3], None));
+        assert_ne!(draw(&[1, 2, 3], None), draw(&[1, 2, 4], None));
+        assert_ne!(draw(&[1, 2, 3], None), draw(&[1, 2, 3], Some(0)));
+        assert_ne!(draw(&[1, 2, 3], Some(1)), draw(&[1, 2, 3], Some(2)));
+    }
+
+    #[test]
+    fn with_words_every_draw_is_a_word() {
+        let vocab = Vocab::new(100, &[], Arc::from([10, 20, 30]));
+        let mut rng = Xoshiro256::from_seed(1);
+        let mut seen = [0u32; 3];
+        for _ in 0..300 {
+            let id = vocab.draw(&mut rng);
+            seen[(id / 10 - 1) as usize] += 1;
+        }
+        assert!(seen.iter().all(|&n| n > 50), "{seen:?}");
     }
 
     #[test]

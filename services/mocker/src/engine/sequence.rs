@@ -2,9 +2,10 @@
 
 use kvmesh_kv::{BlockHasher, LocalBlockHash, SequenceHash, hashing::chain_seq_hash, seed_for};
 
+use super::logprobs::{self, TokenLogprobs};
 use super::pool::Slot;
 use super::sampler::{Vocab, Xoshiro256, thinking_len};
-use super::types::{EngineRequest, FinishKind};
+use super::types::{EngineRequest, EngineSampling, FinishKind};
 use super::{EngineConfig, ReasoningConfig};
 
 /// A request's scheduling state. Its KV holds `num_computed` tokens in `blocks`; the tokens past
@@ -33,6 +34,10 @@ pub(crate) struct Sequence {
     num_thinking: u32,
     reasoning: Option<ReasoningConfig>,
     rng: Xoshiro256,
+    sampling: EngineSampling,
+    /// Seeds the generator of each position's log probabilities, so they do not depend on how
+    /// many alternatives were asked for, and asking for them never changes the tokens.
+    logprob_seed: u64,
 }
 
 /// A sampled token and whether it ended the sequence.
@@ -40,6 +45,7 @@ pub(crate) struct Sampled {
     pub(crate) token_id: u32,
     pub(crate) is_first: bool,
     pub(crate) finish: Option<FinishKind>,
+    pub(crate) logprobs: Option<Box<TokenLogprobs>>,
 }
 
 impl Sequence {
@@ -55,6 +61,7 @@ impl Sequence {
             stop_token_ids,
             ignore_eos: _,
             lora_name,
+            sampling,
         } = request;
         if prompt.is_empty() {
             return Err("prompt is empty".to_owned());
@@ -95,6 +102,13 @@ impl Sequence {
         let hasher = config
             .enable_prefix_caching
             .then(|| BlockHasher::new(block_size, seed_for(lora_name.as_deref(), None)));
+        let mut rng = if sampling.greedy || sampling.seed.is_some() {
+            let seed = sampling.seed.filter(|_| !sampling.greedy);
+            Xoshiro256::for_prompt(config.seed, &prompt, seed)
+        } else {
+            Xoshiro256::for_request(config.seed, &request_id)
+        };
+        let logprob_seed = rng.next_u64();
         let mut sequence = Self {
             key,
             tokens: prompt,
@@ -113,7 +127,9 @@ impl Sequence {
             stop_token_ids,
             num_thinking: thinking_len(config.reasoning.as_ref(), max_tokens),
             reasoning: config.reasoning,
-            rng: Xoshiro256::for_request(config.seed, &request_id),
+            rng,
+            sampling,
+            logprob_seed,
         };
         sequence.extend_hashes();
         Ok(sequence)
@@ -170,6 +186,16 @@ impl Sequence {
             _ => None,
         };
         let token_id = marker.unwrap_or_else(|| vocab.draw(&mut self.rng));
+        let logprobs = self.sampling.logprobs.map(|num_top| {
+            let mut rng = Xoshiro256::from_seed(self.logprob_seed ^ u64::from(index));
+            Box::new(logprobs::draw(
+                &mut rng,
+                vocab,
+                token_id,
+                self.sampling.greedy,
+                num_top,
+            ))
+        });
         self.tokens.push(token_id);
         self.extend_hashes();
         let num_outputs = index + 1;
@@ -188,6 +214,7 @@ impl Sequence {
             token_id,
             is_first,
             finish,
+            logprobs,
         }
     }
 }

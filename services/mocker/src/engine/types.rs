@@ -1,13 +1,15 @@
 //! What goes into and comes out of the engine core.
 
+use super::logprobs::TokenLogprobs;
+
 /// One generation request as the engine core sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct EngineRequest {
     /// Caller-assigned id, unique among live requests of a rank; names the request in
     /// [`TokenOutput`]s and in [`crate::engine::DpEngine::cancel`].
     pub key: u64,
-    /// The request's id; with the config seed it seeds the token PRNG, so the same id and seed
-    /// always produce the same tokens.
+    /// The request's id; with the config seed it seeds the token PRNG of a request that is
+    /// neither greedy nor seeded, so the same id and seed always produce the same tokens.
     pub request_id: String,
     /// Prompt token ids; must not be empty.
     pub prompt: Vec<u32>,
@@ -24,6 +26,19 @@ pub struct EngineRequest {
     pub ignore_eos: bool,
     /// LoRA adapter; mixed into the block hashes (docs/kv-events.md, "Hashing").
     pub lora_name: Option<String>,
+    /// How its tokens are drawn and whether log probabilities come with them.
+    pub sampling: EngineSampling,
+}
+
+/// The sampling options the mock engine honours (docs/mocker.md, "Output").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EngineSampling {
+    /// Temperature 0: the output depends on the prompt only, never on the request id.
+    pub greedy: bool,
+    /// A fixed seed: the output depends on the prompt and this seed only.
+    pub seed: Option<u64>,
+    /// Report each token's log probability and this many alternatives (at most 20).
+    pub logprobs: Option<u32>,
 }
 
 /// Why a request ended.
@@ -39,7 +54,7 @@ pub enum FinishKind {
 }
 
 /// One event of a request's life: a generated token, possibly with its finish, or an error finish.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct TokenOutput {
     /// The request's [`EngineRequest::key`].
     pub key: u64,
@@ -52,6 +67,8 @@ pub struct TokenOutput {
     pub cached_tokens: u32,
     /// Set on the request's last output; exactly one output per request carries it.
     pub finish: Option<FinishKind>,
+    /// The token's log probabilities, when the request asked for them.
+    pub logprobs: Option<Box<TokenLogprobs>>,
 }
 
 /// One block of a [`KvCacheEvent::Stored`] event.

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::engine::{KvCacheEvent, ReasoningConfig, timing};
+use crate::engine::{EngineSampling, KvCacheEvent, ReasoningConfig, timing};
 
 pub(super) fn small_config(num_gpu_blocks: usize, block_size: usize) -> EngineConfig {
     EngineConfig {
@@ -222,6 +222,64 @@ fn tokens_are_deterministic_per_request_id_and_seed() {
     assert_eq!(run(0, "a", 0), run(0, "a", 50));
     assert_ne!(run(0, "a", 0), run(0, "b", 0));
     assert_ne!(run(0, "a", 0), run(1, "a", 0));
+}
+
+#[test]
+fn greedy_and_seeded_tokens_follow_the_prompt_not_the_request_id() {
+    let run = |request_id: &str, start: u32, sampling: EngineSampling| {
+        let mut engine = DpEngine::new(small_config(64, 4), 0);
+        engine.add_request(EngineRequest {
+            request_id: request_id.to_owned(),
+            sampling,
+            ..request(7, prompt(start, 9), 20)
+        });
+        tokens_of(&run_to_idle(&mut engine), 7)
+    };
+    let greedy = EngineSampling {
+        greedy: true,
+        ..EngineSampling::default()
+    };
+    let seeded = |seed| EngineSampling {
+        seed: Some(seed),
+        ..EngineSampling::default()
+    };
+    assert_eq!(run("a", 0, greedy), run("b", 0, greedy));
+    assert_ne!(run("a", 0, greedy), run("a", 50, greedy));
+    assert_eq!(run("a", 0, seeded(3)), run("b", 0, seeded(3)));
+    assert_ne!(run("a", 0, seeded(3)), run("a", 0, seeded(4)));
+    // Asking for log probabilities never changes the tokens.
+    let with_logprobs = EngineSampling {
+        logprobs: Some(5),
+        ..greedy
+    };
+    assert_eq!(run("a", 0, greedy), run("c", 0, with_logprobs));
+}
+
+#[test]
+fn logprobs_come_with_every_token_when_asked_for() {
+    let mut engine = DpEngine::new(small_config(64, 4), 0);
+    engine.add_request(EngineRequest {
+        sampling: EngineSampling {
+            greedy: true,
+            logprobs: Some(3),
+            ..EngineSampling::default()
+        },
+        ..request(1, prompt(0, 9), 12)
+    });
+    engine.add_request(request(2, prompt(100, 9), 12));
+    let steps = run_to_idle(&mut engine);
+    let outputs: Vec<&TokenOutput> = steps.iter().flat_map(|step| &step.outputs).collect();
+    for output in &outputs {
+        match output.key {
+            1 => {
+                let logprobs = output.logprobs.as_ref().expect("asked for");
+                assert_eq!(logprobs.top.len(), 3);
+                assert_eq!(logprobs.top[0], (output.token_id, logprobs.logprob));
+            }
+            _ => assert!(output.logprobs.is_none()),
+        }
+    }
+    assert_eq!(outputs.iter().filter(|o| o.key == 1).count(), 12);
 }
 
 #[test]
