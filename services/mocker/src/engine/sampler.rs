@@ -120,6 +120,13 @@ impl Xoshiro256 {
         Self::from_seed(splitmix64(&mut state) ^ hash)
     }
 
+    /// A seed for a side generator, derived without advancing this one (so a request's tokens
+    /// are the same whether or not it asked for anything drawn on the side).
+    pub(crate) fn side_seed(&self) -> u64 {
+        let mut state = self.clone().next_u64() ^ 0x1095_7A7E_5EED_0001;
+        splitmix64(&mut state)
+    }
+
     pub(crate) fn next_u64(&mut self) -> u64 {
         let result = self.s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
         let t = self.s[1] << 17;

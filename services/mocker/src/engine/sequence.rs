@@ -102,13 +102,13 @@ impl Sequence {
         let hasher = config
             .enable_prefix_caching
             .then(|| BlockHasher::new(block_size, seed_for(lora_name.as_deref(), None)));
-        let mut rng = if sampling.greedy || sampling.seed.is_some() {
+        let rng = if sampling.greedy || sampling.seed.is_some() {
             let seed = sampling.seed.filter(|_| !sampling.greedy);
             Xoshiro256::for_prompt(config.seed, &prompt, seed)
         } else {
             Xoshiro256::for_request(config.seed, &request_id)
         };
-        let logprob_seed = rng.next_u64();
+        let logprob_seed = rng.side_seed();
         let mut sequence = Self {
             key,
             tokens: prompt,
