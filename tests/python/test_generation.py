@@ -105,3 +105,48 @@ def test_tokens_can_be_named_by_id(kvmesh_up):
         model="tiny", prompt="The cache", max_tokens=4, logprobs=0,
         extra_body={"return_tokens_as_token_ids": True})
     assert all(re.fullmatch(r"token_id:\d+", t) for t in completion.choices[0].logprobs.tokens)
+
+
+def test_n_choices_with_ignore_eos_sum_their_usage(kvmesh_up):
+    resp = chat(kvmesh_up, n=2, max_tokens=9, temperature=1.0, seed=3, extra_body={"ignore_eos": True})
+    assert [c.index for c in resp.choices] == [0, 1]
+    assert all(c.finish_reason == "length" for c in resp.choices)
+    texts = [c.message.content for c in resp.choices]
+    assert texts[0] != texts[1]
+    # Choice 0 is the request itself: the same as asking for one choice with that seed.
+    assert chat(kvmesh_up, max_tokens=9, temperature=1.0, seed=3).choices[0].message.content == texts[0]
+    assert resp.usage.completion_tokens == 18
+    one = chat(kvmesh_up, max_tokens=9, temperature=1.0, seed=3)
+    assert resp.usage.prompt_tokens == one.usage.prompt_tokens
+    greedy = chat(kvmesh_up, n=3, max_tokens=6, temperature=0)
+    assert len({c.message.content for c in greedy.choices}) == 1
+
+
+def test_n_choices_stream_interleaved_by_index(kvmesh_up):
+    stream = chat(kvmesh_up, n=2, max_tokens=8, temperature=1.0, seed=5, stream=True, logprobs=True,
+                  stream_options={"include_usage": True})
+    chunks = list(stream)
+    texts, finishes, entries = {0: "", 1: ""}, {}, {0: 0, 1: 0}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            if choice.logprobs:
+                entries[choice.index] += len(choice.logprobs.content)
+            if choice.finish_reason:
+                finishes[choice.index] = choice.finish_reason
+    assert finishes == {0: "length", 1: "length"}
+    assert entries == {0: 8, 1: 8}
+    assert chunks[-1].usage.completion_tokens == 16
+    unary = chat(kvmesh_up, n=2, max_tokens=8, temperature=1.0, seed=5)
+    assert [texts[0], texts[1]] == [c.message.content for c in unary.choices]
+
+
+def test_n_completions_unary_and_streamed(kvmesh_up):
+    args = dict(model="tiny", prompt="The cache", max_tokens=5, n=2, temperature=1.0, seed=11)
+    unary = kvmesh_up.client().completions.create(**args)
+    assert [c.index for c in unary.choices] == [0, 1] and unary.usage.completion_tokens == 10
+    texts = {0: "", 1: ""}
+    for chunk in kvmesh_up.client().completions.create(stream=True, **args):
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+    assert [texts[0], texts[1]] == [c.text for c in unary.choices]

@@ -164,7 +164,9 @@ def test_bad_input_gets_openai_errors_and_server_keeps_serving(kvmesh_up):
     assert_openai_error(post(m, "/v1/chat/completions", json.dumps({**body, "temperature": 3})), 400,
                         "temperature")
     # Valid but not served by this release: 501, not the client's mistake.
-    assert_openai_error(post(m, "/v1/chat/completions", json.dumps({**body, "n": 2})), 501, "n = 2")
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]
+    assert_openai_error(post(m, "/v1/chat/completions", json.dumps({**body, "messages": image})), 501, "image")
+    assert_openai_error(post(m, "/v1/chat/completions", json.dumps({**body, "n": 129})), 400, "n = 129")
     assert_openai_error(post(m, "/v1/completions", json.dumps({"model": "tiny", "prompt": ["a", "b"]})), 501,
                         "2 prompts")
     assert_openai_error(post(m, "/v1/chat/completions", json.dumps({**body, "stop": ["a", "b", "c", "d", "e"]})),
@@ -254,8 +256,9 @@ def test_failures_before_a_model_is_resolved_are_counted(kvmesh_up):
     assert post(kvmesh_up, "/v1/chat/completions", b"{not json").status_code == 400
     assert requests.post(f"{kvmesh_up.base_url}/v1/completions", timeout=10, json={
         "model": "no-such-model", "prompt": "x", "stream": True}).status_code == 404
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]
     assert requests.post(f"{kvmesh_up.base_url}/v1/chat/completions", timeout=10, json={
-        "model": "tiny", "messages": [{"role": "user", "content": "x"}], "n": 2}).status_code == 501
+        "model": "tiny", "messages": image}).status_code == 501
     # A client-chosen model name never becomes a label value.
     assert "no-such-model" not in requests.get(f"{kvmesh_up.base_url}/metrics", timeout=5).text
     assert [count(unknown_validation), count(unknown_not_found), count(tiny_not_implemented)] == \

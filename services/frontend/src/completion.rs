@@ -10,8 +10,9 @@ use futures::Stream;
 use kvmesh_llm::openai::{CompletionRequest, Prompt, SamplingOptions};
 use kvmesh_routing::RoutingHints;
 
+use crate::choices;
 use crate::error::FrontendError;
-use crate::generate::{self, FirstResponseWait, TextDelta};
+use crate::generate::{FirstResponseWait, TextDelta};
 use crate::http::openai_shared::check_supported;
 use crate::logprobs::LogprobText;
 use crate::models::ModelEntry;
@@ -115,7 +116,9 @@ pub async fn start(
     let max_tokens = entry
         .pipeline
         .fit_max_tokens(prompt.len(), sampling.max_tokens, "prompt")?;
-    let output = entry.pipeline.output(sampling, &prompt);
+    let outputs: Vec<_> = (0..sampling.n.max(1))
+        .map(|_| entry.pipeline.output(sampling, &prompt))
+        .collect();
     let num_prompt_tokens = prompt.len() as u32;
     let worker_request = generate_request(
         settings.request_id.clone(),
@@ -125,24 +128,25 @@ pub async fn start(
         max_tokens,
     );
     timer.record_since_arrival(Stage::Preprocess);
-    let generation = generate::start(
+    let generations = choices::start_all(
         entry,
         worker_request,
+        sampling.n,
         settings.hints,
         Vec::new(),
         settings.response_timeout,
         settings.wait,
     )
     .await?;
-    let worker_id = generation.worker_id();
-    let dp_rank = generation.dp_rank();
-    let deltas = generate::text_deltas(
-        generation,
-        output,
+    let worker_id = generations[0].worker_id();
+    let dp_rank = generations[0].dp_rank();
+    let deltas = choices::text_deltas(
+        generations,
+        outputs,
         num_prompt_tokens,
-        entry.metrics.clone(),
+        &entry.metrics,
         timer,
-        settings.request_id,
+        &settings.request_id,
     );
     Ok(StartedCompletion {
         deltas,

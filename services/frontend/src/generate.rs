@@ -32,6 +32,8 @@ pub struct TokenUsage {
 /// One step of output for a client.
 #[derive(Debug, Default)]
 pub struct TextDelta {
+    /// The choice it belongs to (0 unless the request asked for `n > 1`).
+    pub index: u32,
     /// New text (may be empty).
     pub text: String,
     /// Generated token ids behind this text.
@@ -161,7 +163,7 @@ pub fn text_deltas(
                     };
                     record_mean_itl(&worker, first_token_at, last_token_at, usage.completion_tokens);
                     drop(phase);
-                    yield Ok(TextDelta { text, num_tokens, finish_reason: Some(reason), usage: Some(usage), stop_sequence: None, logprobs });
+                    yield Ok(TextDelta { text, num_tokens, finish_reason: Some(reason), usage: Some(usage), logprobs, ..Default::default() });
                     return;
                 }
             }

@@ -5,6 +5,7 @@
 //! lives in [`http`] (parsing, validation, errors), [`pipeline`] (chat template, tokenizer,
 //! detokenizer, stop strings) and [`generate`] (routing and the worker stream).
 
+pub mod choices;
 pub mod completion;
 pub mod error;
 pub mod generate;

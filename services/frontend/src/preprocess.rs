@@ -301,7 +301,9 @@ impl PrefixSeries {
 }
 
 /// One request's stage timings: each is observed as it ends, and with `--dyn-debug-perf` the
-/// whole set is logged at the first token.
+/// whole set is logged at the first token. A request with several choices clones it after
+/// preprocessing, so each choice records its own route, dispatch and first token.
+#[derive(Clone)]
 pub struct RequestTimer {
     preprocess: Arc<Preprocess>,
     arrived: Instant,

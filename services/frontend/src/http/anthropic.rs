@@ -93,7 +93,9 @@ async fn respond(
     let id = format!("msg_{}", request_id.replace('-', ""));
 
     if !request.is_stream() {
-        let answer = sse::collect_unary(deltas, &mut scope, String::new()).await?;
+        let (answer, usage) = sse::collect_unary(deltas, &mut scope, String::new())
+            .await?
+            .into_single();
         let stop_reason = answer
             .finish_reason
             .map(|finish| StopReason::from_finish(finish, answer.stop_sequence.is_some()));
@@ -105,7 +107,7 @@ async fn respond(
             "content": [{"type": "text", "text": answer.text}],
             "stop_reason": stop_reason,
             "stop_sequence": answer.stop_sequence,
-            "usage": usage_json(answer.usage),
+            "usage": usage_json(usage),
         }))
         .into_response());
     }

@@ -16,8 +16,9 @@ use super::endpoint::{Arrival, Endpoint};
 use super::openai_shared::{check_supported, now_secs, response_nvext};
 use super::request_metrics::RequestScope;
 use super::sse;
+use crate::choices;
 use crate::error::FrontendError;
-use crate::generate::{self, TextDelta, TokenUsage};
+use crate::generate::{TextDelta, TokenUsage};
 use crate::logprobs::LogprobText;
 use crate::models::find_model;
 use crate::pipeline::generate_request;
@@ -62,25 +63,32 @@ async fn respond(
 
     if !stream {
         let answer = sse::collect_unary(deltas, &mut scope, String::new()).await?;
+        let usage = answer.usage;
+        let choices = answer
+            .choices
+            .into_iter()
+            .enumerate()
+            .map(|(index, choice)| ChatChoice {
+                index: index as u32,
+                logprobs: logprobs.as_ref().map(|namer| namer.chat(&choice.logprobs)),
+                message: ChatResponseMessage {
+                    role: Role::Assistant,
+                    content: Some(choice.text),
+                    ..Default::default()
+                },
+                finish_reason: choice.finish_reason,
+            })
+            .collect();
         let response = ChatCompletionResponse {
             id,
             object: ChatCompletionObject,
             created,
             model,
-            choices: vec![ChatChoice {
-                index: 0,
-                message: ChatResponseMessage {
-                    role: Role::Assistant,
-                    content: Some(answer.text),
-                    ..Default::default()
-                },
-                logprobs: logprobs.map(|namer| namer.chat(&answer.logprobs)),
-                finish_reason: answer.finish_reason,
-            }],
+            choices,
             usage: Some(Usage::new(
-                answer.usage.prompt_tokens,
-                answer.usage.completion_tokens,
-                Some(answer.usage.cached_tokens),
+                usage.prompt_tokens,
+                usage.completion_tokens,
+                Some(usage.cached_tokens),
             )),
             system_fingerprint: None,
             nvext,
@@ -89,15 +97,21 @@ async fn respond(
     }
 
     let include_usage = request.include_usage();
-    let mut first = ChatCompletionChunk::new(
-        id.as_str(),
-        model.as_str(),
-        created,
-        ChatChunkChoice::role(0),
-        include_usage,
-    );
-    first.nvext = nvext;
-    let opening = sse::data_event(&first);
+    // One role chunk per choice opens the stream; `nvext` rides on the first.
+    let mut opening = Vec::new();
+    let mut nvext = nvext;
+    for index in 0..request.sampling_options().n.max(1) {
+        let mut role = ChatCompletionChunk::new(
+            id.as_str(),
+            model.as_str(),
+            created,
+            ChatChunkChoice::role(index),
+            include_usage,
+        );
+        role.nvext = nvext.take();
+        opening.extend_from_slice(&sse::data_event(&role));
+    }
+    let opening = Bytes::from(opening);
     let framer = ChatFramer {
         id,
         model,
@@ -139,12 +153,12 @@ impl sse::ChunkFramer for ChatFramer {
             .filter(|_| !delta.logprobs.is_empty())
             .map(|namer| namer.chat(&delta.logprobs));
         if !delta.text.is_empty() || logprobs.is_some() {
-            let mut choice = ChatChunkChoice::content(0, &delta.text);
+            let mut choice = ChatChunkChoice::content(delta.index, &delta.text);
             choice.logprobs = logprobs;
             events.push(self.chunk(choice));
         }
         if let Some(reason) = delta.finish_reason {
-            events.push(self.chunk(ChatChunkChoice::finish(0, reason)));
+            events.push(self.chunk(ChatChunkChoice::finish(delta.index, reason)));
         }
     }
 
@@ -219,7 +233,9 @@ pub(crate) async fn start(
             entry
                 .pipeline
                 .fit_max_tokens(prompt.len(), sampling.max_tokens, "messages")?;
-        let output = entry.pipeline.output(&sampling, &prompt);
+        let outputs: Vec<_> = (0..sampling.n.max(1))
+            .map(|_| entry.pipeline.output(&sampling, &prompt))
+            .collect();
         let num_prompt_tokens = prompt.len() as u32;
         let worker_request = generate_request(
             request_id.to_string(),
@@ -229,19 +245,20 @@ pub(crate) async fn start(
             max_tokens,
         );
         timer.record_since_arrival(Stage::Preprocess);
-        let started = generate::start(
+        let started = choices::start_all(
             &entry,
             worker_request,
+            sampling.n,
             super::routing_hints(&state.settings, headers, request.nvext.as_ref())?,
             cuts,
             state.settings.backend_stream_timeout,
             super::first_response_wait(&state.settings, stream),
         )
         .await?;
-        Ok::<_, FrontendError>((started, output, num_prompt_tokens))
+        Ok::<_, FrontendError>((started, outputs, num_prompt_tokens))
     }
     .await;
-    let (started, output, num_prompt_tokens) = match started {
+    let (started, outputs, num_prompt_tokens) = match started {
         Ok(parts) => parts,
         Err(error) => {
             scope.finish(Some(&error));
@@ -251,16 +268,16 @@ pub(crate) async fn start(
     let nvext = response_nvext(
         &state.settings,
         &request.nvext,
-        started.worker_id(),
-        started.dp_rank(),
+        started[0].worker_id(),
+        started[0].dp_rank(),
     );
-    let deltas = generate::text_deltas(
+    let deltas = choices::text_deltas(
         started,
-        output,
+        outputs,
         num_prompt_tokens,
-        entry.metrics.clone(),
+        &entry.metrics,
         timer,
-        request_id.to_string(),
+        request_id,
     );
     Ok(StartedChat {
         deltas,

@@ -129,7 +129,7 @@ async fn serve(
     let echoed = started.echoed;
     let logprobs = started.logprobs;
     // Token offsets count from the start of the returned text, after any echoed prompt.
-    let mut text_offset = echoed.as_deref().map_or(0, |text| {
+    let text_offset = echoed.as_deref().map_or(0, |text| {
         u32::try_from(text.chars().count()).unwrap_or(u32::MAX)
     });
     let id = format!("cmpl-{request_id}");
@@ -138,22 +138,31 @@ async fn serve(
 
     if !stream {
         let answer = sse::collect_unary(deltas, &mut scope, echoed.unwrap_or_default()).await?;
+        let usage = answer.usage;
+        let choices = answer
+            .choices
+            .into_iter()
+            .enumerate()
+            .map(|(index, choice)| CompletionChoice {
+                index: index as u32,
+                logprobs: logprobs.as_ref().map(|namer| {
+                    let mut offset = text_offset;
+                    namer.completion(&choice.logprobs, &mut offset)
+                }),
+                text: choice.text,
+                finish_reason: choice.finish_reason,
+            })
+            .collect();
         let response = CompletionResponse {
             id,
             object: TextCompletionObject,
             created,
             model,
-            choices: vec![CompletionChoice {
-                index: 0,
-                logprobs: logprobs
-                    .map(|namer| namer.completion(&answer.logprobs, &mut text_offset)),
-                text: answer.text,
-                finish_reason: answer.finish_reason,
-            }],
+            choices,
             usage: Some(Usage::new(
-                answer.usage.prompt_tokens,
-                answer.usage.completion_tokens,
-                Some(answer.usage.cached_tokens),
+                usage.prompt_tokens,
+                usage.completion_tokens,
+                Some(usage.cached_tokens),
             )),
             system_fingerprint: None,
             nvext,
@@ -162,6 +171,7 @@ async fn serve(
     }
 
     let include_usage = request.include_usage();
+    let num_choices = sampling.n.max(1);
     let mut framer = CompletionFramer {
         id,
         model,
@@ -169,9 +179,15 @@ async fn serve(
         include_usage,
         nvext,
         logprobs,
-        text_offset,
+        text_offsets: vec![text_offset; num_choices as usize],
     };
-    let opening = echoed.map(|echoed| framer.chunk(&echoed, None, None));
+    // An echoed prompt opens every choice.
+    let opening = echoed.map(|echoed| {
+        let chunks: Vec<Bytes> = (0..num_choices)
+            .map(|index| framer.chunk(index, &echoed, None, None))
+            .collect();
+        Bytes::from(chunks.concat())
+    });
     let events = sse::delta_events(scope, deltas, opening, framer);
     Ok(sse::sse_response(events, state.settings.sse_keep_alive))
 }
@@ -185,19 +201,20 @@ struct CompletionFramer {
     include_usage: bool,
     nvext: Option<Value>,
     logprobs: Option<LogprobText>,
-    /// Character offset of the next token in the choice's text.
-    text_offset: u32,
+    /// Character offset of the next token in each choice's text.
+    text_offsets: Vec<u32>,
 }
 
 impl CompletionFramer {
     fn chunk(
         &mut self,
+        index: u32,
         text: &str,
         logprobs: Option<CompletionLogprobs>,
         finish_reason: Option<FinishReason>,
     ) -> Bytes {
         let choice = CompletionChunkChoice {
-            index: 0,
+            index,
             text: text.into(),
             logprobs,
             finish_reason,
@@ -216,11 +233,13 @@ impl CompletionFramer {
 
 impl sse::ChunkFramer for CompletionFramer {
     fn delta(&mut self, delta: &TextDelta, events: &mut Vec<Bytes>) {
+        let offset = self.text_offsets.get_mut(delta.index as usize);
         let logprobs = self
             .logprobs
             .as_ref()
-            .map(|namer| namer.completion(&delta.logprobs, &mut self.text_offset));
-        events.push(self.chunk(&delta.text, logprobs, delta.finish_reason));
+            .zip(offset)
+            .map(|(namer, offset)| namer.completion(&delta.logprobs, offset));
+        events.push(self.chunk(delta.index, &delta.text, logprobs, delta.finish_reason));
     }
 
     fn close(&mut self, usage: Option<TokenUsage>, events: &mut Vec<Bytes>) {

@@ -8,18 +8,20 @@ use serde_json::Value;
 
 use crate::error::FrontendError;
 
-/// Rejects options this release cannot honour, instead of ignoring them.
+/// Rejects options this server will not honour, instead of ignoring them.
 pub(crate) fn check_supported(sampling: &SamplingOptions) -> Result<(), FrontendError> {
-    // Valid requests this release cannot serve: 501, not the client's mistake
-    // (docs/http-api.md, "Errors").
-    if sampling.n > 1 {
-        return Err(FrontendError::NotImplemented(format!(
-            "n = {} is not supported yet; only n = 1",
-            sampling.n
-        )));
+    // OpenAI's own limit, a client mistake (400) there too.
+    if sampling.n > MAX_CHOICES {
+        return Err(FrontendError::invalid(
+            format!("n = {} is more than {MAX_CHOICES} choices", sampling.n),
+            Some("n"),
+        ));
     }
     Ok(())
 }
+
+/// Most choices one request may ask for: each is a worker request of its own.
+const MAX_CHOICES: u32 = 128;
 
 /// The response `nvext` for the fields the client asked for in `nvext.extra_fields` (none with
 /// `DYN_DISABLE_FRONTEND_NVEXT`).

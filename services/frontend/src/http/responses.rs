@@ -67,12 +67,12 @@ async fn respond(
     };
 
     if !request.is_stream() {
-        let answer = sse::collect_unary(deltas, &mut scope, String::new()).await?;
+        let (answer, usage) = sse::collect_unary(deltas, &mut scope, String::new())
+            .await?
+            .into_single();
         let status = Status::of(answer.finish_reason);
         let output = vec![shape.message(&answer.text, status)];
-        return Ok(
-            axum::Json(shape.response(status, output, Some(answer.usage), None)).into_response(),
-        );
+        return Ok(axum::Json(shape.response(status, output, Some(usage), None)).into_response());
     }
 
     let mut framer = ResponsesFramer {

@@ -94,7 +94,8 @@ fn with_keep_alive(
 /// shape their events differently, while the life of the stream (the order of deltas, the end,
 /// errors, the outcome on the request scope) is the same and lives in [`delta_events`].
 pub trait ChunkFramer: Send + 'static {
-    /// Appends the events of one delta that carries text, a finish reason, or both.
+    /// Appends the events of one delta that carries text, log probabilities, a finish reason, or
+    /// several of them; `delta.index` says which choice.
     fn delta(&mut self, delta: &TextDelta, events: &mut Vec<Bytes>);
     /// Appends the events that end the stream: after the finish delta, with its usage, or with
     /// `None` when the engine cancelled the generation without a finish.
@@ -136,12 +137,12 @@ pub fn delta_events(
                     return;
                 }
             };
-            if delta.text.is_empty() && delta.finish_reason.is_none() {
+            if delta.text.is_empty() && delta.finish_reason.is_none() && delta.logprobs.is_empty() {
                 continue;
             }
             framer.delta(&delta, &mut events);
-            if delta.finish_reason.is_some() {
-                let usage = delta.usage.unwrap_or_default();
+            // The delta with usage is the last one (of the last choice to finish).
+            if let Some(usage) = delta.usage {
                 scope.observe_tokens(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens);
                 framer.close(Some(usage), &mut events);
                 scope.finish(None);
@@ -163,55 +164,82 @@ pub fn delta_events(
     }
 }
 
-/// A whole unary answer: the text, the finish reason and the usage of the last delta.
+/// A whole unary answer: each choice's text, finish reason and logprobs, and the usage of the
+/// request (all choices).
 pub struct UnaryAnswer {
-    /// All text, after `prefix`.
+    /// The choices, by index.
+    pub choices: Vec<UnaryChoice>,
+    /// Token counts.
+    pub usage: TokenUsage,
+}
+
+/// One choice of a [`UnaryAnswer`].
+#[derive(Default)]
+pub struct UnaryChoice {
+    /// All text, after the collector's `prefix`.
     pub text: String,
     /// Why generation ended (`None` when the engine cancelled it).
     pub finish_reason: Option<kvmesh_llm::openai::FinishReason>,
-    /// Token counts.
-    pub usage: TokenUsage,
     /// The stop string that ended generation, if one did.
     pub stop_sequence: Option<String>,
     /// Log probabilities of every generated token, when the request asked for them.
     pub logprobs: Vec<kvmesh_proto::v1::TokenLogprob>,
 }
 
-/// Reads every delta of a unary request into one answer, recording the outcome on `scope`.
+impl UnaryAnswer {
+    /// The only choice and the usage, for endpoints without `n` (Anthropic, Responses, KServe).
+    pub fn into_single(self) -> (UnaryChoice, TokenUsage) {
+        let choice = self.choices.into_iter().next().unwrap_or_default();
+        (choice, self.usage)
+    }
+}
+
+/// Reads every delta of a unary request into one answer, recording the outcome on `scope`;
+/// every choice's text starts with `prefix` (the echoed prompt).
 pub async fn collect_unary(
     deltas: impl Stream<Item = Result<TextDelta, FrontendError>>,
     scope: &mut RequestScope,
     prefix: String,
 ) -> Result<UnaryAnswer, FrontendError> {
     let mut deltas = std::pin::pin!(deltas);
-    let mut text = prefix;
-    let mut last = TextDelta::default();
-    let mut logprobs = Vec::new();
+    let mut choices: Vec<UnaryChoice> = Vec::with_capacity(1);
+    let mut usage = None;
     while let Some(delta) = deltas.next().await {
-        match delta {
-            Ok(mut delta) => {
-                text.push_str(&delta.text);
-                logprobs.append(&mut delta.logprobs);
-                last = delta;
-            }
+        let mut delta = match delta {
+            Ok(delta) => delta,
             Err(error) => {
                 scope.finish(Some(&error));
                 return Err(error);
             }
+        };
+        let index = delta.index as usize;
+        while choices.len() <= index {
+            choices.push(UnaryChoice {
+                text: prefix.clone(),
+                ..UnaryChoice::default()
+            });
         }
+        let choice = &mut choices[index];
+        choice.text.push_str(&delta.text);
+        choice.logprobs.append(&mut delta.logprobs);
+        if delta.finish_reason.is_some() {
+            choice.finish_reason = delta.finish_reason;
+            choice.stop_sequence = delta.stop_sequence.take();
+        }
+        usage = delta.usage.or(usage);
     }
-    let usage = last.usage.unwrap_or_default();
+    let usage = usage.unwrap_or_default();
     scope.observe_tokens(
         usage.prompt_tokens,
         usage.completion_tokens,
         usage.cached_tokens,
     );
     scope.finish(None);
-    Ok(UnaryAnswer {
-        text,
-        finish_reason: last.finish_reason,
-        usage,
-        stop_sequence: last.stop_sequence,
-        logprobs,
-    })
+    if choices.is_empty() {
+        choices.push(UnaryChoice {
+            text: prefix,
+            ..UnaryChoice::default()
+        });
+    }
+    Ok(UnaryAnswer { choices, usage })
 }

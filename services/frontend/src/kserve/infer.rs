@@ -219,9 +219,11 @@ pub async fn unary(
     endpoint: &'static str,
 ) -> Result<ModelInferResponse, FrontendError> {
     let (deltas, mut scope, reply) = start(state, prepared, endpoint).await?;
-    let answer = sse::collect_unary(deltas, &mut scope, String::new()).await?;
+    let (answer, usage) = sse::collect_unary(deltas, &mut scope, String::new())
+        .await?
+        .into_single();
     let finish = answer.finish_reason.map_or("", |reason| reason.as_str());
-    Ok(reply.response(&answer.text, finish, Some(answer.usage)))
+    Ok(reply.response(&answer.text, finish, Some(usage)))
 }
 
 /// Runs a streaming `prepared`: one response per delta with text, the last one with the finish
