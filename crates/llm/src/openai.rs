@@ -12,6 +12,7 @@ mod common;
 mod completion;
 mod embeddings;
 mod error;
+mod guided;
 mod logprobs;
 mod models;
 mod sampling;
@@ -35,6 +36,7 @@ pub use embeddings::{
     EmbeddingObject, EmbeddingValue, EmbeddingsRequest, EmbeddingsResponse, EmbeddingsUsage,
 };
 pub use error::{ErrorCodeValue, ErrorDetail, ErrorResponse, StreamErrorBody};
+pub use guided::{Guided, MAX_GUIDED_CHOICES, guided_decoding};
 pub use logprobs::{ChatLogprob, ChatLogprobs, CompletionLogprobs, TopLogprob, TopLogprobMap};
 pub use models::{ModelList, ModelObject};
 pub use sampling::{MAX_STOP_SEQUENCES, MAX_TOP_LOGPROBS, SamplingOptions, fit_max_tokens};

@@ -12,7 +12,8 @@ use serde_json::Value;
 use crate::error::LlmError;
 use crate::openai::{
     ChatCompletionRequest, ChatMessage, ChatTool, FunctionCall, FunctionDefinition, FunctionName,
-    MessageContent, NamedToolChoice, ToolCall, ToolChoice, ToolChoiceMode,
+    JsonSchemaFormat, MessageContent, NamedToolChoice, ResponseFormat, ToolCall, ToolChoice,
+    ToolChoiceMode,
 };
 
 /// A Responses request. Unknown fields are ignored.
@@ -46,9 +47,45 @@ pub struct ResponsesRequest {
     /// Refused: kvmesh is stateless.
     #[serde(default)]
     pub previous_response_id: Option<String>,
+    /// Output options: `format` constrains the text (`text`, `json_object`, or `json_schema`
+    /// with `name`, `schema`, `strict`), as `response_format` does on chat.
+    #[serde(default)]
+    pub text: Option<ResponsesText>,
     /// NVIDIA extensions, as on the chat endpoint.
     #[serde(default)]
     pub nvext: Option<Value>,
+}
+
+/// The `text` options of a Responses request.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+pub struct ResponsesText {
+    /// The output format.
+    #[serde(default)]
+    pub format: Option<ResponsesTextFormat>,
+}
+
+/// `text.format`: the chat `response_format` with the schema's fields inline.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResponsesTextFormat {
+    /// Free text.
+    Text,
+    /// Any JSON object.
+    JsonObject,
+    /// JSON validating against `schema`.
+    JsonSchema(JsonSchemaFormat),
+}
+
+impl ResponsesTextFormat {
+    fn response_format(&self) -> ResponseFormat {
+        match self {
+            Self::Text => ResponseFormat::Text,
+            Self::JsonObject => ResponseFormat::JsonObject,
+            Self::JsonSchema(json_schema) => ResponseFormat::JsonSchema {
+                json_schema: json_schema.clone(),
+            },
+        }
+    }
 }
 
 /// `input`: a string or items.
@@ -158,6 +195,11 @@ impl ResponsesRequest {
             nvext: self.nvext.clone(),
             tools: self.tools.as_deref().map(chat_tools).transpose()?,
             tool_choice: self.tool_choice.as_ref().map(tool_choice).transpose()?,
+            response_format: self
+                .text
+                .as_ref()
+                .and_then(|text| text.format.as_ref())
+                .map(ResponsesTextFormat::response_format),
             ..Default::default()
         })
     }

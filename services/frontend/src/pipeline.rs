@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use kvmesh_llm::openai::{ChatCompletionRequest, SamplingOptions};
+use kvmesh_llm::openai::{ChatCompletionRequest, Guided, SamplingOptions};
 use kvmesh_llm::{Detokenizer, EncodedPrompt, LlmError, ModelDir, StopMatcher, Tokenizer};
 use kvmesh_proto::v1::ModelCard;
 use kvmesh_proto::v1::{
@@ -168,7 +168,18 @@ pub fn generate_request(
             frequency_penalty: sampling.frequency_penalty,
             seed: sampling.seed.map(|seed| seed as u64),
             greedy: sampling.temperature == Some(0.0),
-            guided_json_schema: None,
+            guided_json_schema: match &sampling.guided {
+                Some(Guided::JsonSchema(schema)) => Some(schema.clone()),
+                _ => None,
+            },
+            guided_regex: match &sampling.guided {
+                Some(Guided::Regex(pattern)) => Some(pattern.clone()),
+                _ => None,
+            },
+            guided_choice: match &sampling.guided {
+                Some(Guided::Choice(choices)) => choices.clone(),
+                _ => Vec::new(),
+            },
         }),
         stop: Some(StopConditions {
             max_tokens: Some(max_tokens),

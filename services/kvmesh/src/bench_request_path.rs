@@ -95,6 +95,7 @@ pub fn request_path(
         ignore_eos: true,
         lora_name: None,
         sampling: Default::default(),
+        forced_output: Vec::new(),
     });
     let mut stored = 0;
     let mut event_id = 0;

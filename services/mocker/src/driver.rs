@@ -176,6 +176,7 @@ pub async fn run_rank(
                 response.finish_reason = match finish {
                     FinishKind::Length => FinishReason::Length,
                     FinishKind::Stop => FinishReason::Stop,
+                    FinishKind::Eos => FinishReason::Eos,
                     FinishKind::Error(_) => FinishReason::Error,
                 } as i32;
                 if matches!(finish, FinishKind::Stop) {

@@ -18,6 +18,7 @@ mod types;
 
 pub use self::dp_engine::DpEngine;
 pub use self::logprobs::TokenLogprobs;
+pub(crate) use self::sampler::Xoshiro256;
 pub use self::types::{
     EngineRequest, EngineSampling, FinishKind, KvCacheEvent, LoadSnapshot, StepOutput, StoredBlock,
     TokenOutput,

@@ -8,6 +8,7 @@
 pub mod driver;
 pub mod embed;
 pub mod engine;
+mod guided;
 pub mod opts;
 pub mod words;
 pub mod worker;
@@ -141,7 +142,7 @@ pub async fn run(
             workers_shutdown.clone(),
         )));
 
-        let service = MockWorker::new(ranks);
+        let service = MockWorker::new(ranks, tokenizer.clone());
         inflight.push(service.inflight().clone());
         let is_inproc = embedded.as_ref().is_some_and(|e| !e.grpc_workers);
         let (address, transport) = if is_inproc {

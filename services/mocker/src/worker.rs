@@ -22,23 +22,63 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::driver::{Command, RankOutput};
-use crate::engine::{EngineRequest, EngineSampling, KvCacheEvent};
-use kvmesh_runtime::GrpcErrorCode as _;
+use crate::engine::{EngineRequest, EngineSampling, KvCacheEvent, Xoshiro256};
+use kvmesh_llm::Tokenizer;
+use kvmesh_runtime::{ErrorCode, GrpcErrorCode as _};
 
 /// The request side of a mock worker: routes each request to its data-parallel rank.
 #[derive(Clone)]
 pub struct MockWorker {
     ranks: Arc<Vec<mpsc::UnboundedSender<Command>>>,
     inflight: Inflight,
+    /// Tokenizes guided output.
+    tokenizer: Arc<Tokenizer>,
 }
 
 impl MockWorker {
-    /// Wraps the command channels of a worker's ranks (index = dp rank).
-    pub fn new(ranks: Vec<mpsc::UnboundedSender<Command>>) -> Self {
+    /// Wraps the command channels of a worker's ranks (index = dp rank) and the model's
+    /// tokenizer.
+    pub fn new(ranks: Vec<mpsc::UnboundedSender<Command>>, tokenizer: Arc<Tokenizer>) -> Self {
         Self {
             ranks: Arc::new(ranks),
             inflight: Inflight::new(),
+            tokenizer,
         }
+    }
+
+    /// The tokens of the output guided decoding forces, empty when the request is free: JSON
+    /// that validates against the schema, a text the regex matches, or one of the choices.
+    fn forced_output(&self, request: &GenerateRequest) -> Result<Vec<u32>, tonic::Status> {
+        let sampling = request.sampling.clone().unwrap_or_default();
+        let invalid = |message: String| ErrorCode::InvalidArgument.to_status(message);
+        let mut rng = Xoshiro256::for_prompt(0, &request.token_ids, sampling.seed);
+        let text = match (
+            sampling.guided_json_schema,
+            sampling.guided_regex,
+            sampling.guided_choice.is_empty(),
+        ) {
+            (None, None, true) => return Ok(Vec::new()),
+            (Some(schema), None, true) => {
+                let schema: serde_json::Value = serde_json::from_str(&schema)
+                    .map_err(|error| invalid(format!("guided_json_schema is not JSON: {error}")))?;
+                crate::guided::json_for_schema(&schema, &mut rng)
+            }
+            (None, Some(pattern), true) => {
+                crate::guided::text_for_regex(&pattern, &mut rng).map_err(invalid)?
+            }
+            (None, None, false) => crate::guided::pick_choice(&sampling.guided_choice, &mut rng)
+                .unwrap_or_default()
+                .to_owned(),
+            _ => {
+                return Err(invalid(
+                    "at most one of guided_json_schema, guided_regex and guided_choice may be set"
+                        .to_owned(),
+                ));
+            }
+        };
+        self.tokenizer.encode(&text, false).map_err(|error| {
+            ErrorCode::Internal.to_status(format!("tokenize guided output: {error}"))
+        })
     }
 
     /// Generations whose response stream is still open; shutdown drains them.
@@ -63,6 +103,7 @@ impl MockWorker {
                 self.ranks.len()
             ))
         })?;
+        let forced_output = self.forced_output(&request)?;
         let stop = request.stop.unwrap_or_default();
         let sampling = request.sampling.unwrap_or_default();
         let engine_request = EngineRequest {
@@ -79,6 +120,7 @@ impl MockWorker {
                 seed: sampling.seed,
                 logprobs: request.output.and_then(|output| output.logprobs),
             },
+            forced_output,
         };
         let (tx, rx) = mpsc::unbounded_channel();
         rank.send(Command::Add(Box::new(engine_request), tx))

@@ -9,6 +9,7 @@ use super::common::{
     FinishReason, Stop, StreamOptions, TextCompletionObject, Usage, double_option,
 };
 use super::logprobs::CompletionLogprobs;
+use super::tools::ResponseFormat;
 use crate::error::LlmError;
 
 /// A completions request. Unknown fields are ignored; integer limits are signed so that
@@ -94,6 +95,9 @@ pub struct CompletionRequest {
     /// vLLM: name logprob tokens `token_id:<id>` instead of their text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub return_tokens_as_token_ids: Option<bool>,
+    /// vLLM: constrain the output to JSON (docs/http-api.md, "Structured output").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<ResponseFormat>,
     /// NVIDIA extensions (docs/http-api.md, "nvext").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvext: Option<Value>,

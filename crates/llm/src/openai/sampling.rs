@@ -4,6 +4,7 @@
 use super::chat::ChatCompletionRequest;
 use super::common::Stop;
 use super::completion::CompletionRequest;
+use super::guided::{Guided, guided_decoding};
 use crate::error::LlmError;
 use crate::stop::{StopMatcher, TokenStopConditions};
 
@@ -59,6 +60,8 @@ pub struct SamplingOptions {
     pub logprobs: Option<u32>,
     /// Logprob tokens are named `token_id:<id>` instead of their text.
     pub return_tokens_as_token_ids: bool,
+    /// The shape the output is constrained to, if any.
+    pub guided: Option<Guided>,
 }
 
 impl SamplingOptions {
@@ -148,6 +151,7 @@ impl ChatCompletionRequest {
                 "'continue_final_message' and 'add_generation_prompt' cannot both be true",
             ));
         }
+        guided_decoding(self.response_format.as_ref(), self.nvext.as_ref())?;
         validate_common(&self.common())
     }
 
@@ -155,7 +159,10 @@ impl ChatCompletionRequest {
     pub fn sampling_options(&self) -> SamplingOptions {
         let logprobs =
             (self.logprobs == Some(true)).then(|| to_u32(self.top_logprobs.unwrap_or(0)));
-        normalize(&self.common(), logprobs)
+        let guided = guided_decoding(self.response_format.as_ref(), self.nvext.as_ref())
+            .ok()
+            .flatten();
+        normalize(&self.common(), logprobs, guided)
     }
 }
 
@@ -208,12 +215,16 @@ impl CompletionRequest {
                 "'best_of' greater than 'n' is not supported".to_owned(),
             ));
         }
+        guided_decoding(self.response_format.as_ref(), self.nvext.as_ref())?;
         validate_common(&self.common())
     }
 
     /// The normalized sampling options; call after [`Self::validate`].
     pub fn sampling_options(&self) -> SamplingOptions {
-        normalize(&self.common(), self.logprobs.map(to_u32))
+        let guided = guided_decoding(self.response_format.as_ref(), self.nvext.as_ref())
+            .ok()
+            .flatten();
+        normalize(&self.common(), self.logprobs.map(to_u32), guided)
     }
 }
 
@@ -268,7 +279,7 @@ fn validate_common(c: &Common<'_>) -> Result<(), LlmError> {
     }
 }
 
-fn normalize(c: &Common<'_>, logprobs: Option<u32>) -> SamplingOptions {
+fn normalize(c: &Common<'_>, logprobs: Option<u32>, guided: Option<Guided>) -> SamplingOptions {
     let mut stop_token_ids: Vec<u32> = c.stop.map(|s| s.token_ids().collect()).unwrap_or_default();
     stop_token_ids.extend(c.stop_token_ids.unwrap_or_default());
     SamplingOptions {
@@ -293,6 +304,7 @@ fn normalize(c: &Common<'_>, logprobs: Option<u32>) -> SamplingOptions {
         include_stop_str_in_output: c.include_stop_str_in_output.unwrap_or(false),
         logprobs,
         return_tokens_as_token_ids: c.return_tokens_as_token_ids.unwrap_or(false),
+        guided,
     }
 }
 

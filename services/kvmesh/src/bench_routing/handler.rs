@@ -288,7 +288,9 @@ impl SimHandler for BenchHandler {
                 if let Some(finish) = &output.finish {
                     let path = match finish {
                         FinishKind::Error(_) => TerminalPath::Error,
-                        FinishKind::Length | FinishKind::Stop => TerminalPath::Completed,
+                        FinishKind::Length | FinishKind::Stop | FinishKind::Eos => {
+                            TerminalPath::Completed
+                        }
                     };
                     core.free(&request_id(output.key), path, now);
                 } else if self.track_output_blocks {

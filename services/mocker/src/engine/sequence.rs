@@ -35,6 +35,7 @@ pub(crate) struct Sequence {
     reasoning: Option<ReasoningConfig>,
     rng: Xoshiro256,
     sampling: EngineSampling,
+    forced_output: Vec<u32>,
     /// Seeds the generator of each position's log probabilities, so they do not depend on how
     /// many alternatives were asked for, and asking for them never changes the tokens.
     logprob_seed: u64,
@@ -62,6 +63,7 @@ impl Sequence {
             ignore_eos: _,
             lora_name,
             sampling,
+            forced_output,
         } = request;
         if prompt.is_empty() {
             return Err("prompt is empty".to_owned());
@@ -129,6 +131,7 @@ impl Sequence {
             reasoning: config.reasoning,
             rng,
             sampling,
+            forced_output,
             logprob_seed,
         };
         sequence.extend_hashes();
@@ -176,7 +179,9 @@ impl Sequence {
     pub(crate) fn sample(&mut self, vocab: &Vocab) -> Sampled {
         let index = self.num_outputs() as u32;
         let is_first = index == 0;
+        let forced = self.forced_output.get(index as usize).copied();
         let marker = match self.reasoning {
+            _ if !self.forced_output.is_empty() => None,
             Some(reasoning) if self.num_thinking > 0 && index == 0 => {
                 Some(reasoning.start_thinking_token_id)
             }
@@ -185,7 +190,9 @@ impl Sequence {
             }
             _ => None,
         };
-        let token_id = marker.unwrap_or_else(|| vocab.draw(&mut self.rng));
+        let token_id = forced
+            .or(marker)
+            .unwrap_or_else(|| vocab.draw(&mut self.rng));
         let logprobs = self.sampling.logprobs.map(|num_top| {
             let mut rng = Xoshiro256::from_seed(self.logprob_seed ^ u64::from(index));
             Box::new(logprobs::draw(
@@ -200,7 +207,9 @@ impl Sequence {
         self.extend_hashes();
         let num_outputs = index + 1;
         // As vLLM: a stop token wins over the length limit on the same token.
-        let finish = if marker.is_none()
+        let finish = if forced.is_some() && num_outputs as usize == self.forced_output.len() {
+            Some(FinishKind::Eos)
+        } else if marker.is_none()
             && num_outputs >= self.min_tokens
             && self.stop_token_ids.binary_search(&token_id).is_ok()
         {

@@ -28,6 +28,9 @@ pub struct EngineRequest {
     pub lora_name: Option<String>,
     /// How its tokens are drawn and whether log probabilities come with them.
     pub sampling: EngineSampling,
+    /// When not empty, the output is exactly these tokens (guided decoding: the worker wrote
+    /// the constrained text and tokenized it), cut at `max_tokens`.
+    pub forced_output: Vec<u32>,
 }
 
 /// The sampling options the mock engine honours (docs/mocker.md, "Output").
@@ -48,6 +51,9 @@ pub enum FinishKind {
     Length,
     /// It drew a stop token.
     Stop,
+    /// Its forced output ([`EngineRequest::forced_output`]) is complete, as a constrained
+    /// engine ends at EOS once the grammar is satisfied.
+    Eos,
     /// It could never run (empty prompt, too long, larger than the KV pool, ...); the message
     /// says why.
     Error(String),
