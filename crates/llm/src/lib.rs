@@ -16,6 +16,7 @@ pub mod responses;
 mod stop;
 mod template;
 mod tokenizer;
+pub mod tool_calls;
 
 pub use detokenizer::Detokenizer;
 pub use error::{LlmError, LlmErrorCode};

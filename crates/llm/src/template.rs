@@ -16,7 +16,7 @@ use minijinja::{AutoEscape, Environment, Error, ErrorKind, Output, State, Value}
 use serde_json::{Map, Value as JsonValue};
 
 use crate::error::LlmError;
-use crate::openai::{ChatCompletionRequest, ChatMessage, ChatTool};
+use crate::openai::{ChatCompletionRequest, ChatMessage, ChatTool, ToolChoice, ToolChoiceMode};
 use pyfmt::JsonStyle;
 
 /// Name of the template used when no other applies.
@@ -130,12 +130,30 @@ impl ChatTemplate {
         })
     }
 
-    /// Renders the prompt text of a chat request.
+    /// Renders the prompt text of a chat request, tools included.
     pub fn render_request(&self, request: &ChatCompletionRequest) -> Result<String, LlmError> {
+        self.render_request_with(request, false)
+    }
+
+    /// Renders the prompt text of a chat request; with `exclude_tools_when_none` a request whose
+    /// `tool_choice` is `none` is rendered without its tools, so the model is not prompted to
+    /// write calls nobody will read.
+    pub fn render_request_with(
+        &self,
+        request: &ChatCompletionRequest,
+        exclude_tools_when_none: bool,
+    ) -> Result<String, LlmError> {
         let continue_final_message = request.continue_final_message.unwrap_or(false);
+        let choice_is_none = matches!(
+            request.tool_choice,
+            Some(ToolChoice::Mode(ToolChoiceMode::None))
+        );
         self.render(&ChatRenderInput {
             messages: &request.messages,
-            tools: request.tools.as_deref(),
+            tools: request
+                .tools
+                .as_deref()
+                .filter(|_| !(exclude_tools_when_none && choice_is_none)),
             add_generation_prompt: request.add_generation_prompt() && !continue_final_message,
             continue_final_message,
             documents: request.documents.as_ref(),

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use futures::Stream;
 use kvmesh_core::prefix::PrefixCut;
-use kvmesh_llm::openai::FinishReason as OpenAiFinish;
+use kvmesh_llm::openai::{FinishReason as OpenAiFinish, ToolCallDelta};
 use kvmesh_proto::v1::{FinishReason, GenerateRequest, TokenLogprob};
 use kvmesh_router::GenerateOptions;
 pub use kvmesh_router::{FirstResponseWait, Generation};
@@ -46,6 +46,9 @@ pub struct TextDelta {
     pub stop_sequence: Option<String>,
     /// Log probabilities of the tokens behind this delta, when the request asked for them.
     pub logprobs: Vec<TokenLogprob>,
+    /// Tool calls read from the output so far (each whole, with its id and name), when the
+    /// request offered tools and the model's card names a parser.
+    pub tool_calls: Vec<ToolCallDelta>,
 }
 
 /// Starts `request` through the model's seam (`prefix_cuts`: the prompt's cut points, so the

@@ -19,6 +19,7 @@ pub mod models;
 pub mod opts;
 pub mod pipeline;
 pub mod preprocess;
+pub mod tool_output;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -270,7 +271,7 @@ fn preprocess_settings(
     };
     let stages = preprocess::StageMetrics::new(&args.metrics_prefix, &metrics.registry)
         .context("register stage metrics")?;
-    preprocess::Preprocess::new(
+    let mut preprocess = preprocess::Preprocess::new(
         args.tokenizer.engine(),
         !args.tokenizer_fallback(),
         usize::try_from(args.tokenizer_cache_mb.saturating_mul(1024 * 1024)).unwrap_or(usize::MAX),
@@ -278,5 +279,8 @@ fn preprocess_settings(
         args.debug_perf(),
         stages,
     )
-    .context("start the preprocessing pool")
+    .context("start the preprocessing pool")?;
+    preprocess.exclude_tools_when_tool_choice_none =
+        args.chat.exclude_tools_when_tool_choice_none();
+    Ok(preprocess)
 }

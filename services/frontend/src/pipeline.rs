@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvmesh_llm::openai::{ChatCompletionRequest, Guided, SamplingOptions};
+use kvmesh_llm::tool_calls::ToolCallFormat;
 use kvmesh_llm::{Detokenizer, EncodedPrompt, LlmError, ModelDir, StopMatcher, Tokenizer};
 use kvmesh_proto::v1::ModelCard;
 use kvmesh_proto::v1::{
@@ -21,6 +22,9 @@ pub struct Pipeline {
     model: ModelDir,
     context_length: u32,
     preprocess: Arc<Preprocess>,
+    tool_format: Option<ToolCallFormat>,
+    /// The frontend flag, unless the card turns it off.
+    exclude_tools_when_tool_choice_none: bool,
 }
 
 impl Pipeline {
@@ -47,11 +51,39 @@ impl Pipeline {
         } else {
             model.context_length().unwrap_or(u32::MAX)
         };
+        let tool_parser = card
+            .runtime_config
+            .as_ref()
+            .and_then(|runtime| runtime.tool_call_parser.as_deref())
+            .filter(|name| !name.is_empty());
+        let tool_format = tool_parser.and_then(|name| {
+            let format = ToolCallFormat::from_name(name);
+            if format.is_none() {
+                tracing::warn!(
+                    parser = name,
+                    known = ?ToolCallFormat::NAMES,
+                    "the model card names an unknown tool-call parser; tool calls stay in the text"
+                );
+            }
+            format
+        });
         Ok(Self {
             model,
             context_length,
             preprocess: preprocess.clone(),
+            tool_format,
+            exclude_tools_when_tool_choice_none: preprocess.exclude_tools_when_tool_choice_none
+                && card
+                    .runtime_config
+                    .as_ref()
+                    .and_then(|runtime| runtime.exclude_tools_when_tool_choice_none)
+                    .unwrap_or(true),
         })
+    }
+
+    /// The syntax the model writes tool calls in, from its card's `tool_call_parser`.
+    pub fn tool_format(&self) -> Option<ToolCallFormat> {
+        self.tool_format
     }
 
     /// The tokenizer.
@@ -83,11 +115,12 @@ impl Pipeline {
         let cache = self.preprocess.cache.clone();
         let latency = self.preprocess.metrics.tokenizer_latency_tokenize.clone();
         let request = request.clone();
+        let exclude_tools = self.exclude_tools_when_tool_choice_none;
         let (prompt, render_time, tokenize_time) = self
             .preprocess
             .offload(body_len, move || {
                 let rendering = Instant::now();
-                let text = template.render_request(&request)?;
+                let text = template.render_request_with(&request, exclude_tools)?;
                 let render_time = rendering.elapsed();
                 let tokenizing = Instant::now();
                 let prompt = timed(&latency, || cache.encode_with_cuts(&tokenizer, &text))?;

@@ -29,6 +29,9 @@ pub struct Preprocess {
     pub cache: Arc<PrefixCache>,
     /// `--dyn-debug-perf`: log every request's stage timings.
     pub debug_perf: bool,
+    /// `--exclude-tools-when-tool-choice-none`: a request whose `tool_choice` is `none` is
+    /// rendered without its tools (unless the model card turns it off).
+    pub exclude_tools_when_tool_choice_none: bool,
     /// The preprocessing pool; `None` does all work in place.
     pool: Option<PreprocessPool>,
     /// Held while the cache's counters are published.
@@ -58,6 +61,7 @@ impl Preprocess {
             strict_engine,
             cache: Arc::new(PrefixCache::new(cache_bytes)),
             debug_perf,
+            exclude_tools_when_tool_choice_none: true,
             pool,
             publishing: std::sync::Mutex::new(()),
             metrics,

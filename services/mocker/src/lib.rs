@@ -10,6 +10,7 @@ pub mod embed;
 pub mod engine;
 mod guided;
 pub mod opts;
+mod tool_calls;
 pub mod words;
 pub mod worker;
 
@@ -142,7 +143,7 @@ pub async fn run(
             workers_shutdown.clone(),
         )));
 
-        let service = MockWorker::new(ranks, tokenizer.clone());
+        let service = MockWorker::new(ranks, tokenizer.clone(), opts.engine.tool_call_parser);
         inflight.push(service.inflight().clone());
         let is_inproc = embedded.as_ref().is_some_and(|e| !e.grpc_workers);
         let (address, transport) = if is_inproc {
@@ -247,6 +248,10 @@ fn model_card(opts: &MockerOpts, model_name: &str, config: &EngineConfig) -> Mod
             max_num_batched_tokens: Some(config.max_num_batched_tokens as u64),
             data_parallel_start_rank: 0,
             data_parallel_size: opts.engine.data_parallel_size,
+            tool_call_parser: opts
+                .engine
+                .tool_call_parser
+                .map(|format| format.name().to_owned()),
             ..Default::default()
         }),
         ..Default::default()

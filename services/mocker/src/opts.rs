@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use clap::{Args, Parser, ValueEnum};
 use kvmesh_runtime::config::{RuntimeOpts, parse_bool};
 
+use kvmesh_llm::tool_calls::ToolCallFormat;
+
 use crate::engine::{EngineConfig, PreemptionMode, ReasoningConfig};
 
 /// Which running sequence a full KV pool evicts.
@@ -122,6 +124,12 @@ pub struct EngineArgs {
     #[arg(long, env = "KVMESH_MOCKER_REASONING", value_parser = parse_reasoning)]
     pub reasoning: Option<ReasoningConfig>,
 
+    /// The syntax the model writes tool calls in (as Dynamo's workers take it): published as
+    /// the model card's `tool_call_parser`, so the frontend reads calls out of the output, and
+    /// the syntax the mock engine writes its calls in (docs/mocker.md, "Tool calls").
+    #[arg(long = "dyn-tool-call-parser", env = "KVMESH_MOCKER_TOOL_CALL_PARSER", value_parser = parse_tool_call_parser)]
+    pub tool_call_parser: Option<ToolCallFormat>,
+
     /// JSON file whose keys override the options above (Dynamo's `--extra-engine-args`).
     #[arg(long, env = "KVMESH_MOCKER_EXTRA_ENGINE_ARGS")]
     pub extra_engine_args: Option<PathBuf>,
@@ -178,6 +186,15 @@ fn positive(value: &str) -> Result<f64, String> {
         Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
         _ => Err(format!("must be a number > 0, got {value}")),
     }
+}
+
+fn parse_tool_call_parser(value: &str) -> Result<ToolCallFormat, String> {
+    ToolCallFormat::from_name(value).ok_or_else(|| {
+        format!(
+            "unknown tool-call parser {value:?}; known: {}",
+            ToolCallFormat::NAMES.join(", ")
+        )
+    })
 }
 
 fn parse_reasoning(value: &str) -> Result<ReasoningConfig, String> {

@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use crate::driver::{Command, RankOutput};
 use crate::engine::{EngineRequest, EngineSampling, KvCacheEvent, Xoshiro256};
 use kvmesh_llm::Tokenizer;
+use kvmesh_llm::tool_calls::ToolCallFormat;
 use kvmesh_runtime::{ErrorCode, GrpcErrorCode as _};
 
 /// The request side of a mock worker: routes each request to its data-parallel rank.
@@ -33,16 +34,24 @@ pub struct MockWorker {
     inflight: Inflight,
     /// Tokenizes guided output.
     tokenizer: Arc<Tokenizer>,
+    /// The syntax tool calls are written in (`--dyn-tool-call-parser`); without one the engine
+    /// never calls tools.
+    tool_format: Option<ToolCallFormat>,
 }
 
 impl MockWorker {
-    /// Wraps the command channels of a worker's ranks (index = dp rank) and the model's
-    /// tokenizer.
-    pub fn new(ranks: Vec<mpsc::UnboundedSender<Command>>, tokenizer: Arc<Tokenizer>) -> Self {
+    /// Wraps the command channels of a worker's ranks (index = dp rank), the model's
+    /// tokenizer and the syntax its tool calls are written in.
+    pub fn new(
+        ranks: Vec<mpsc::UnboundedSender<Command>>,
+        tokenizer: Arc<Tokenizer>,
+        tool_format: Option<ToolCallFormat>,
+    ) -> Self {
         Self {
             ranks: Arc::new(ranks),
             inflight: Inflight::new(),
             tokenizer,
+            tool_format,
         }
     }
 
@@ -57,7 +66,10 @@ impl MockWorker {
             sampling.guided_regex,
             sampling.guided_choice.is_empty(),
         ) {
-            (None, None, true) => return Ok(Vec::new()),
+            (None, None, true) => match self.tool_calls_text(request, &mut rng) {
+                Some(text) => text,
+                None => return Ok(Vec::new()),
+            },
             (Some(schema), None, true) => {
                 let schema: serde_json::Value = serde_json::from_str(&schema)
                     .map_err(|error| invalid(format!("guided_json_schema is not JSON: {error}")))?;
@@ -79,6 +91,18 @@ impl MockWorker {
         self.tokenizer.encode(&text, false).map_err(|error| {
             ErrorCode::Internal.to_status(format!("tokenize guided output: {error}"))
         })
+    }
+
+    /// The tool calls this turn makes, in the model's syntax, or `None` to answer in text.
+    fn tool_calls_text(&self, request: &GenerateRequest, rng: &mut Xoshiro256) -> Option<String> {
+        let format = self.tool_format?;
+        let tools = request
+            .tools
+            .as_ref()
+            .filter(|tools| !tools.tools.is_empty())?;
+        let prompt = self.tokenizer.decode(&request.token_ids, false).ok()?;
+        let calls = crate::tool_calls::calls_for(tools, &prompt, rng);
+        (!calls.is_empty()).then(|| format.write(&calls))
     }
 
     /// Generations whose response stream is still open; shutdown drains them.

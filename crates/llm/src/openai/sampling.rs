@@ -5,6 +5,7 @@ use super::chat::ChatCompletionRequest;
 use super::common::Stop;
 use super::completion::CompletionRequest;
 use super::guided::{Guided, guided_decoding};
+use super::tools::{ToolChoice, ToolChoiceMode};
 use crate::error::LlmError;
 use crate::stop::{StopMatcher, TokenStopConditions};
 
@@ -152,7 +153,35 @@ impl ChatCompletionRequest {
             ));
         }
         guided_decoding(self.response_format.as_ref(), self.nvext.as_ref())?;
+        self.validate_tool_choice()?;
         validate_common(&self.common())
+    }
+
+    /// A forcing `tool_choice` needs tools, and a named one a tool of that name.
+    fn validate_tool_choice(&self) -> Result<(), LlmError> {
+        let tools = self.tools.as_deref().unwrap_or_default();
+        match &self.tool_choice {
+            Some(ToolChoice::Mode(ToolChoiceMode::Required)) if tools.is_empty() => {
+                Err(LlmError::invalid(
+                    "tool_choice",
+                    "'tool_choice' is 'required' but no 'tools' were given",
+                ))
+            }
+            Some(ToolChoice::Named(named))
+                if !tools
+                    .iter()
+                    .any(|tool| tool.function.name == named.function.name) =>
+            {
+                Err(LlmError::invalid(
+                    "tool_choice",
+                    format!(
+                        "'tool_choice' names the function '{}', which is not in 'tools'",
+                        named.function.name
+                    ),
+                ))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The normalized sampling options; call after [`Self::validate`].

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use kvmesh_llm::EncodedPrompt;
 use kvmesh_llm::openai::{
     ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionObject, ChatCompletionRequest,
@@ -23,6 +23,7 @@ use crate::logprobs::LogprobText;
 use crate::models::find_model;
 use crate::pipeline::generate_request;
 use crate::preprocess::Stage;
+use crate::tool_output;
 
 /// `POST /v1/chat/completions`, streaming or unary.
 pub(crate) struct ChatCompletions;
@@ -73,7 +74,10 @@ async fn respond(
                 logprobs: logprobs.as_ref().map(|namer| namer.chat(&choice.logprobs)),
                 message: ChatResponseMessage {
                     role: Role::Assistant,
-                    content: Some(choice.text),
+                    // With tool calls and nothing else to say, content is null (as OpenAI).
+                    content: (choice.tool_calls.is_empty() || !choice.text.trim().is_empty())
+                        .then_some(choice.text),
+                    tool_calls: (!choice.tool_calls.is_empty()).then_some(choice.tool_calls),
                     ..Default::default()
                 },
                 finish_reason: choice.finish_reason,
@@ -157,6 +161,12 @@ impl sse::ChunkFramer for ChatFramer {
             choice.logprobs = logprobs;
             events.push(self.chunk(choice));
         }
+        if !delta.tool_calls.is_empty() {
+            let mut choice = ChatChunkChoice::content(delta.index, "");
+            choice.delta.content = None;
+            choice.delta.tool_calls = Some(delta.tool_calls.clone());
+            events.push(self.chunk(choice));
+        }
         if let Some(reason) = delta.finish_reason {
             events.push(self.chunk(ChatChunkChoice::finish(delta.index, reason)));
         }
@@ -237,13 +247,14 @@ pub(crate) async fn start(
             .map(|_| entry.pipeline.output(&sampling, &prompt))
             .collect();
         let num_prompt_tokens = prompt.len() as u32;
-        let worker_request = generate_request(
+        let mut worker_request = generate_request(
             request_id.to_string(),
             &entry.name,
             prompt,
             &sampling,
             max_tokens,
         );
+        worker_request.tools = tool_output::tools_request(request);
         timer.record_since_arrival(Stage::Preprocess);
         let started = choices::start_all(
             &entry,
@@ -279,6 +290,12 @@ pub(crate) async fn start(
         timer,
         request_id,
     );
+    let deltas = match tool_output::tool_parsing(request, entry.pipeline.tool_format()) {
+        Some(parsing) => {
+            tool_output::parse_tool_calls(deltas, parsing, request_id.to_owned()).left_stream()
+        }
+        None => deltas.right_stream(),
+    };
     Ok(StartedChat {
         deltas,
         scope,

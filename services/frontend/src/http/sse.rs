@@ -137,7 +137,7 @@ pub fn delta_events(
                     return;
                 }
             };
-            if delta.text.is_empty() && delta.finish_reason.is_none() && delta.logprobs.is_empty() {
+            if delta.text.is_empty() && delta.finish_reason.is_none() && delta.logprobs.is_empty() && delta.tool_calls.is_empty() {
                 continue;
             }
             framer.delta(&delta, &mut events);
@@ -184,6 +184,8 @@ pub struct UnaryChoice {
     pub stop_sequence: Option<String>,
     /// Log probabilities of every generated token, when the request asked for them.
     pub logprobs: Vec<kvmesh_proto::v1::TokenLogprob>,
+    /// The tool calls read from the output, in order.
+    pub tool_calls: Vec<kvmesh_llm::openai::ToolCall>,
 }
 
 impl UnaryAnswer {
@@ -222,6 +224,9 @@ pub async fn collect_unary(
         let choice = &mut choices[index];
         choice.text.push_str(&delta.text);
         choice.logprobs.append(&mut delta.logprobs);
+        choice
+            .tool_calls
+            .extend(delta.tool_calls.drain(..).map(whole_call));
         if delta.finish_reason.is_some() {
             choice.finish_reason = delta.finish_reason;
             choice.stop_sequence = delta.stop_sequence.take();
@@ -242,4 +247,17 @@ pub async fn collect_unary(
         });
     }
     Ok(UnaryAnswer { choices, usage })
+}
+
+/// A tool-call delta as the whole call it is (the parser sends each call in one piece).
+fn whole_call(delta: kvmesh_llm::openai::ToolCallDelta) -> kvmesh_llm::openai::ToolCall {
+    let function = delta.function.unwrap_or_default();
+    kvmesh_llm::openai::ToolCall {
+        id: delta.id.unwrap_or_default(),
+        kind: delta.kind.unwrap_or_else(|| "function".into()),
+        function: kvmesh_llm::openai::FunctionCall {
+            name: function.name.unwrap_or_default(),
+            arguments: function.arguments.unwrap_or_default(),
+        },
+    }
 }

@@ -118,6 +118,14 @@ impl ChatOpts {
         negatable(self.enable_anthropic_api, self.no_enable_anthropic_api)
     }
 
+    /// Whether tools leave the chat template when `tool_choice` is `none`.
+    pub fn exclude_tools_when_tool_choice_none(&self) -> bool {
+        negatable(
+            self.exclude_tools_when_tool_choice_none,
+            self.no_exclude_tools_when_tool_choice_none,
+        )
+    }
+
     /// Whether `--interactive` is on.
     pub fn interactive(&self) -> bool {
         negatable(self.interactive, self.no_interactive)
