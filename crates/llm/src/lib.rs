@@ -12,6 +12,7 @@ mod error;
 mod model_dir;
 pub mod openai;
 pub mod prefix_cache;
+pub mod reasoning;
 pub mod responses;
 mod stop;
 mod template;

@@ -7,7 +7,7 @@
 
 mod jail;
 mod pythonic;
-mod scan;
+pub(crate) mod scan;
 #[cfg(test)]
 mod tests;
 

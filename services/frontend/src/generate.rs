@@ -34,8 +34,10 @@ pub struct TokenUsage {
 pub struct TextDelta {
     /// The choice it belongs to (0 unless the request asked for `n > 1`).
     pub index: u32,
-    /// New text (may be empty).
+    /// New text (may be empty): the answer, once a reasoning parser split the thinking off.
     pub text: String,
+    /// New reasoning text split off by the model's reasoning parser (may be empty).
+    pub reasoning: String,
     /// Generated token ids behind this text.
     pub num_tokens: u32,
     /// OpenAI finish reason on the last delta.

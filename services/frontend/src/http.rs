@@ -51,6 +51,8 @@ pub struct HttpSettings {
     pub disable_admin_api: bool,
     /// `--enable-anthropic-api`: `/v1/messages` and `/v1/messages/count_tokens` are served.
     pub anthropic_api: bool,
+    /// `--reasoning-field-name`: the chat field that carries parsed reasoning.
+    pub reasoning_field: crate::opts::ReasoningField,
 }
 
 /// State shared by every handler.

@@ -5,6 +5,7 @@
 //! lives in [`http`] (parsing, validation, errors), [`pipeline`] (chat template, tokenizer,
 //! detokenizer, stop strings) and [`generate`] (routing and the worker stream).
 
+pub mod chat_output;
 pub mod choices;
 pub mod completion;
 pub mod error;
@@ -19,7 +20,6 @@ pub mod models;
 pub mod opts;
 pub mod pipeline;
 pub mod preprocess;
-pub mod tool_output;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -139,6 +139,7 @@ pub async fn run(
             disable_nvext: kvmesh_runtime::config::env_truthy("DYN_DISABLE_FRONTEND_NVEXT"),
             disable_admin_api: kvmesh_runtime::config::env_truthy("DYN_DISABLE_FRONTEND_ADMIN_API"),
             anthropic_api: args.chat.anthropic_api(),
+            reasoning_field: args.chat.reasoning_field_name,
         },
         inflight: Inflight::new(),
         draining: AtomicBool::new(false),

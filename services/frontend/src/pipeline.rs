@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvmesh_llm::openai::{ChatCompletionRequest, Guided, SamplingOptions};
+use kvmesh_llm::reasoning::ReasoningFormat;
 use kvmesh_llm::tool_calls::ToolCallFormat;
 use kvmesh_llm::{Detokenizer, EncodedPrompt, LlmError, ModelDir, StopMatcher, Tokenizer};
 use kvmesh_proto::v1::ModelCard;
@@ -23,6 +24,7 @@ pub struct Pipeline {
     context_length: u32,
     preprocess: Arc<Preprocess>,
     tool_format: Option<ToolCallFormat>,
+    reasoning_format: Option<ReasoningFormat>,
     /// The frontend flag, unless the card turns it off.
     exclude_tools_when_tool_choice_none: bool,
 }
@@ -67,11 +69,28 @@ impl Pipeline {
             }
             format
         });
+        let reasoning_parser = card
+            .runtime_config
+            .as_ref()
+            .and_then(|runtime| runtime.reasoning_parser.as_deref())
+            .filter(|name| !name.is_empty());
+        let reasoning_format = reasoning_parser.and_then(|name| {
+            let format = ReasoningFormat::from_name(name);
+            if format.is_none() {
+                tracing::warn!(
+                    parser = name,
+                    known = ?ReasoningFormat::NAMES,
+                    "the model card names an unknown reasoning parser; reasoning stays in the text"
+                );
+            }
+            format
+        });
         Ok(Self {
             model,
             context_length,
             preprocess: preprocess.clone(),
             tool_format,
+            reasoning_format,
             exclude_tools_when_tool_choice_none: preprocess.exclude_tools_when_tool_choice_none
                 && card
                     .runtime_config
@@ -79,6 +98,11 @@ impl Pipeline {
                     .and_then(|runtime| runtime.exclude_tools_when_tool_choice_none)
                     .unwrap_or(true),
         })
+    }
+
+    /// The syntax the model marks its thinking with, from its card's `reasoning_parser`.
+    pub fn reasoning_format(&self) -> Option<ReasoningFormat> {
+        self.reasoning_format
     }
 
     /// The syntax the model writes tool calls in, from its card's `tool_call_parser`.
@@ -220,7 +244,7 @@ pub fn generate_request(
             stop_token_ids: sampling.stop_token_ids.clone(),
             ignore_eos: sampling.ignore_eos,
             stop: sampling.stop.clone(),
-            max_thinking_tokens: None,
+            max_thinking_tokens: sampling.max_thinking_tokens,
         }),
         output: Some(WireOutput {
             logprobs: sampling.logprobs,

@@ -96,6 +96,7 @@ pub fn request_path(
         lora_name: None,
         sampling: Default::default(),
         forced_output: Vec::new(),
+        max_thinking_tokens: None,
     });
     let mut stored = 0;
     let mut event_id = 0;

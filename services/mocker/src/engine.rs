@@ -16,6 +16,8 @@ pub mod sim;
 pub mod timing;
 mod types;
 
+use std::sync::Arc;
+
 pub use self::dp_engine::DpEngine;
 pub use self::logprobs::TokenLogprobs;
 pub(crate) use self::sampler::Xoshiro256;
@@ -35,15 +37,36 @@ pub enum PreemptionMode {
     Fifo,
 }
 
-/// `--reasoning`: wrap the first part of every output in thinking markers, as reasoning models do.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// `--reasoning` or `--dyn-reasoning-parser`: wrap the first part of every output in thinking
+/// markers, as reasoning models do.
+#[derive(Debug, Clone, PartialEq)]
 pub struct ReasoningConfig {
-    /// Token id that opens the thinking section (the first output token).
-    pub start_thinking_token_id: u32,
-    /// Token id that closes the thinking section.
-    pub end_thinking_token_id: u32,
+    /// Tokens that open the thinking section (the first output tokens).
+    pub start_thinking: Arc<[u32]>,
+    /// Tokens that close the thinking section.
+    pub end_thinking: Arc<[u32]>,
     /// Fraction of the output spent thinking, in `[0, 1]`.
     pub thinking_ratio: f64,
+}
+
+impl ReasoningConfig {
+    /// Markers of one token each (`--reasoning` JSON).
+    pub fn single(
+        start_thinking_token_id: u32,
+        end_thinking_token_id: u32,
+        thinking_ratio: f64,
+    ) -> Self {
+        Self {
+            start_thinking: Arc::from([start_thinking_token_id]),
+            end_thinking: Arc::from([end_thinking_token_id]),
+            thinking_ratio,
+        }
+    }
+
+    /// Tokens of both markers.
+    pub(crate) fn marker_len(&self) -> u32 {
+        (self.start_thinking.len() + self.end_thinking.len()) as u32
+    }
 }
 
 /// Settings of one data-parallel rank, mirroring the mocker's CLI (docs/mocker.md, "Flags").
@@ -183,11 +206,7 @@ mod tests {
         };
         assert_eq!(all_special.validate(), Err(ConfigError::NoDrawableToken(3)));
         let ratio = EngineConfig {
-            reasoning: Some(ReasoningConfig {
-                start_thinking_token_id: 1,
-                end_thinking_token_id: 2,
-                thinking_ratio: 1.5,
-            }),
+            reasoning: Some(ReasoningConfig::single(1, 2, 1.5)),
             ..EngineConfig::default()
         };
         assert_eq!(ratio.validate(), Err(ConfigError::ThinkingRatio));

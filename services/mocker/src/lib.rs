@@ -63,6 +63,11 @@ pub async fn run(
         model.context_length().map(|n| n as usize),
     );
     config.word_token_ids = words::whole_word_ids(tokenizer);
+    if config.reasoning.is_none()
+        && let Some(format) = opts.engine.reasoning_parser
+    {
+        config.reasoning = Some(reasoning_markers(format, tokenizer)?);
+    }
     config
         .validate()
         .map_err(|e| anyhow::anyhow!("invalid engine configuration: {e}"))?;
@@ -252,10 +257,33 @@ fn model_card(opts: &MockerOpts, model_name: &str, config: &EngineConfig) -> Mod
                 .engine
                 .tool_call_parser
                 .map(|format| format.name().to_owned()),
+            reasoning_parser: opts
+                .engine
+                .reasoning_parser
+                .map(|format| format.name().to_owned()),
             ..Default::default()
         }),
         ..Default::default()
     }
+}
+
+/// Thinking between `format`'s markers, tokenized with the model's tokenizer, for half of each
+/// output.
+fn reasoning_markers(
+    format: kvmesh_llm::reasoning::ReasoningFormat,
+    tokenizer: &kvmesh_llm::Tokenizer,
+) -> anyhow::Result<engine::ReasoningConfig> {
+    let (start, end) = format.markers();
+    let encode = |text: &str| {
+        tokenizer
+            .encode(text, false)
+            .with_context(|| format!("tokenize the {} marker {text:?}", format.name()))
+    };
+    Ok(engine::ReasoningConfig {
+        start_thinking: encode(start)?.into(),
+        end_thinking: encode(end)?.into(),
+        thinking_ratio: 0.5,
+    })
 }
 
 fn default_model_name(path: &Path) -> String {

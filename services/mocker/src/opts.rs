@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, ValueEnum};
 use kvmesh_runtime::config::{RuntimeOpts, parse_bool};
 
+use kvmesh_llm::reasoning::ReasoningFormat;
 use kvmesh_llm::tool_calls::ToolCallFormat;
 
 use crate::engine::{EngineConfig, PreemptionMode, ReasoningConfig};
@@ -130,6 +131,13 @@ pub struct EngineArgs {
     #[arg(long = "dyn-tool-call-parser", env = "KVMESH_MOCKER_TOOL_CALL_PARSER", value_parser = parse_tool_call_parser)]
     pub tool_call_parser: Option<ToolCallFormat>,
 
+    /// The syntax the model marks its thinking with (as Dynamo's workers take it): published as
+    /// the model card's `reasoning_parser`, so the frontend splits reasoning from content, and,
+    /// unless `--reasoning` is set, the markers the mock engine thinks between (half of each
+    /// output; docs/mocker.md, "Reasoning").
+    #[arg(long = "dyn-reasoning-parser", env = "KVMESH_MOCKER_REASONING_PARSER", value_parser = parse_reasoning_parser)]
+    pub reasoning_parser: Option<ReasoningFormat>,
+
     /// JSON file whose keys override the options above (Dynamo's `--extra-engine-args`).
     #[arg(long, env = "KVMESH_MOCKER_EXTRA_ENGINE_ARGS")]
     pub extra_engine_args: Option<PathBuf>,
@@ -197,6 +205,15 @@ fn parse_tool_call_parser(value: &str) -> Result<ToolCallFormat, String> {
     })
 }
 
+fn parse_reasoning_parser(value: &str) -> Result<ReasoningFormat, String> {
+    ReasoningFormat::from_name(value).ok_or_else(|| {
+        format!(
+            "unknown reasoning parser {value:?}; known: {}",
+            ReasoningFormat::NAMES.join(", ")
+        )
+    })
+}
+
 fn parse_reasoning(value: &str) -> Result<ReasoningConfig, String> {
     #[derive(serde::Deserialize)]
     struct Raw {
@@ -208,11 +225,11 @@ fn parse_reasoning(value: &str) -> Result<ReasoningConfig, String> {
     if !(0.0..=1.0).contains(&raw.thinking_ratio) {
         return Err("thinking_ratio must be within [0, 1]".into());
     }
-    Ok(ReasoningConfig {
-        start_thinking_token_id: raw.start_thinking_token_id,
-        end_thinking_token_id: raw.end_thinking_token_id,
-        thinking_ratio: raw.thinking_ratio,
-    })
+    Ok(ReasoningConfig::single(
+        raw.start_thinking_token_id,
+        raw.end_thinking_token_id,
+        raw.thinking_ratio,
+    ))
 }
 
 impl EngineArgs {
@@ -312,7 +329,7 @@ impl EngineArgs {
             vocab_size,
             special_token_ids: special_ids,
             word_token_ids: Vec::new(),
-            reasoning: self.reasoning,
+            reasoning: self.reasoning.clone(),
             kv_cache_trace: kvmesh_runtime::config::env_truthy("DYN_MOCKER_KV_CACHE_TRACE"),
         }
     }

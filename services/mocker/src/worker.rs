@@ -145,6 +145,7 @@ impl MockWorker {
                 logprobs: request.output.and_then(|output| output.logprobs),
             },
             forced_output,
+            max_thinking_tokens: stop.max_thinking_tokens,
         };
         let (tx, rx) = mpsc::unbounded_channel();
         rank.send(Command::Add(Box::new(engine_request), tx))

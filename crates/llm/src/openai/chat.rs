@@ -69,6 +69,10 @@ pub struct ChatCompletionRequest {
     /// Whether several tool calls may come in one turn.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parallel_tool_calls: Option<bool>,
+    /// Most tokens a reasoning model may think before it answers (the engine closes the
+    /// thinking when the budget is spent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_thinking_tokens: Option<i64>,
     /// Constrain the output to JSON.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_format: Option<ResponseFormat>,

@@ -62,6 +62,9 @@ pub struct ChatResponseMessage {
     /// Reasoning text split off by a reasoning parser.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
+    /// The same, under the name `--reasoning-field-name reasoning` picks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
 }
 
 /// A streamed chat chunk. Borrows its strings so that building one per token does not copy
@@ -197,6 +200,9 @@ pub struct ChatDelta<'a> {
     /// New reasoning text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<Cow<'a, str>>,
+    /// The same, under the name `--reasoning-field-name reasoning` picks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<Cow<'a, str>>,
     /// Tool call fragments.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallDelta>>,

@@ -63,6 +63,8 @@ pub struct SamplingOptions {
     pub return_tokens_as_token_ids: bool,
     /// The shape the output is constrained to, if any.
     pub guided: Option<Guided>,
+    /// Most thinking tokens of a reasoning model (chat only).
+    pub max_thinking_tokens: Option<u32>,
 }
 
 impl SamplingOptions {
@@ -154,6 +156,7 @@ impl ChatCompletionRequest {
         }
         guided_decoding(self.response_format.as_ref(), self.nvext.as_ref())?;
         self.validate_tool_choice()?;
+        at_least("max_thinking_tokens", self.max_thinking_tokens, 0)?;
         validate_common(&self.common())
     }
 
@@ -191,7 +194,10 @@ impl ChatCompletionRequest {
         let guided = guided_decoding(self.response_format.as_ref(), self.nvext.as_ref())
             .ok()
             .flatten();
-        normalize(&self.common(), logprobs, guided)
+        SamplingOptions {
+            max_thinking_tokens: self.max_thinking_tokens.map(to_u32),
+            ..normalize(&self.common(), logprobs, guided)
+        }
     }
 }
 
@@ -334,6 +340,7 @@ fn normalize(c: &Common<'_>, logprobs: Option<u32>, guided: Option<Guided>) -> S
         logprobs,
         return_tokens_as_token_ids: c.return_tokens_as_token_ids.unwrap_or(false),
         guided,
+        max_thinking_tokens: None,
     }
 }
 

@@ -104,7 +104,7 @@ async fn respond(
             "type": "message",
             "role": "assistant",
             "model": model,
-            "content": [{"type": "text", "text": answer.text}],
+            "content": content_blocks(&answer),
             "stop_reason": stop_reason,
             "stop_sequence": answer.stop_sequence,
             "usage": usage_json(usage),
@@ -112,7 +112,7 @@ async fn respond(
         .into_response());
     }
 
-    let mut opening = sse::named_event(
+    let opening = sse::named_event(
         "message_start",
         &json!({"type": "message_start", "message": {
             "id": id,
@@ -126,11 +126,6 @@ async fn respond(
         }}),
     )
     .to_vec();
-    opening.extend_from_slice(&sse::named_event(
-        "content_block_start",
-        &json!({"type": "content_block_start", "index": 0,
-                "content_block": {"type": "text", "text": ""}}),
-    ));
     let framer = MessagesFramer::default();
     let events = sse::delta_events(scope, deltas, Some(Bytes::from(opening)), framer);
     Ok(sse::sse_response(events, state.settings.sse_keep_alive))
@@ -145,44 +140,148 @@ fn usage_json(usage: TokenUsage) -> Value {
     })
 }
 
-/// One `content_block_delta` of text (the only per-token event).
+/// The content blocks of a unary answer: thinking first, then the text (always, when there
+/// is nothing else), then one `tool_use` block per call with its arguments as an object.
+fn content_blocks(answer: &sse::UnaryChoice) -> Vec<Value> {
+    let mut blocks = Vec::new();
+    if !answer.reasoning.is_empty() {
+        blocks.push(json!({"type": "thinking", "thinking": answer.reasoning, "signature": ""}));
+    }
+    if !answer.text.trim().is_empty() || (blocks.is_empty() && answer.tool_calls.is_empty()) {
+        blocks.push(json!({"type": "text", "text": answer.text}));
+    }
+    for call in &answer.tool_calls {
+        blocks.push(json!({
+            "type": "tool_use",
+            "id": call.id,
+            "name": call.function.name,
+            "input": tool_input(&call.function.arguments),
+        }));
+    }
+    blocks
+}
+
+fn tool_input(arguments: &str) -> Value {
+    serde_json::from_str(arguments).unwrap_or_else(|_| json!({}))
+}
+
+/// One `content_block_delta` of text or thinking (the per-token events).
 #[derive(Serialize)]
-struct TextBlockDelta<'a> {
+struct BlockDelta<'a> {
     #[serde(rename = "type")]
     kind: &'static str,
     index: u32,
-    delta: TextDeltaBody<'a>,
+    delta: BlockDeltaBody<'a>,
 }
 
 #[derive(Serialize)]
-struct TextDeltaBody<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    text: &'a str,
+#[serde(tag = "type", rename_all = "snake_case")]
+enum BlockDeltaBody<'a> {
+    TextDelta { text: &'a str },
+    ThinkingDelta { thinking: &'a str },
 }
 
-/// Messages events: text block 0 opened by the opening events, one `content_block_delta` per
-/// delta, then `content_block_stop`, `message_delta` with the stop reason and usage, and
-/// `message_stop`; errors as `event: error`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum OpenBlock {
+    Thinking,
+    Text,
+}
+
+/// Messages events: content blocks opened as the output needs them (a thinking block for
+/// reasoning, a text block for the answer, a `tool_use` block per call, each with its own
+/// index), one `content_block_delta` per delta, each block closed by `content_block_stop`, then
+/// `message_delta` with the stop reason and usage, and `message_stop`; errors as
+/// `event: error`.
 #[derive(Default)]
 struct MessagesFramer {
     stop_reason: Option<StopReason>,
     stop_sequence: Option<String>,
+    /// The block being written and its index.
+    open: Option<(OpenBlock, u32)>,
+    /// Blocks started so far.
+    num_blocks: u32,
+}
+
+impl MessagesFramer {
+    /// The index of an open block of `kind`, closing any other and opening it when needed.
+    fn block(&mut self, kind: OpenBlock, events: &mut Vec<Bytes>) -> u32 {
+        if let Some((open, index)) = self.open
+            && open == kind
+        {
+            return index;
+        }
+        self.close_block(events);
+        let index = self.num_blocks;
+        self.num_blocks += 1;
+        let block = match kind {
+            OpenBlock::Thinking => json!({"type": "thinking", "thinking": "", "signature": ""}),
+            OpenBlock::Text => json!({"type": "text", "text": ""}),
+        };
+        events.push(sse::named_event(
+            "content_block_start",
+            &json!({"type": "content_block_start", "index": index, "content_block": block}),
+        ));
+        self.open = Some((kind, index));
+        index
+    }
+
+    fn close_block(&mut self, events: &mut Vec<Bytes>) {
+        if let Some((_, index)) = self.open.take() {
+            events.push(sse::named_event(
+                "content_block_stop",
+                &json!({"type": "content_block_stop", "index": index}),
+            ));
+        }
+    }
 }
 
 impl sse::ChunkFramer for MessagesFramer {
     fn delta(&mut self, delta: &TextDelta, events: &mut Vec<Bytes>) {
-        if !delta.text.is_empty() {
+        if !delta.reasoning.is_empty() {
+            let index = self.block(OpenBlock::Thinking, events);
             events.push(sse::named_event(
                 "content_block_delta",
-                &TextBlockDelta {
+                &BlockDelta {
                     kind: "content_block_delta",
-                    index: 0,
-                    delta: TextDeltaBody {
-                        kind: "text_delta",
-                        text: &delta.text,
+                    index,
+                    delta: BlockDeltaBody::ThinkingDelta {
+                        thinking: &delta.reasoning,
                     },
                 },
+            ));
+        }
+        if !delta.text.is_empty() {
+            let index = self.block(OpenBlock::Text, events);
+            events.push(sse::named_event(
+                "content_block_delta",
+                &BlockDelta {
+                    kind: "content_block_delta",
+                    index,
+                    delta: BlockDeltaBody::TextDelta { text: &delta.text },
+                },
+            ));
+        }
+        for call in &delta.tool_calls {
+            self.close_block(events);
+            let index = self.num_blocks;
+            self.num_blocks += 1;
+            let function = call.function.clone().unwrap_or_default();
+            events.push(sse::named_event(
+                "content_block_start",
+                &json!({"type": "content_block_start", "index": index, "content_block": {
+                    "type": "tool_use", "id": call.id, "name": function.name, "input": {},
+                }}),
+            ));
+            events.push(sse::named_event(
+                "content_block_delta",
+                &json!({"type": "content_block_delta", "index": index, "delta": {
+                    "type": "input_json_delta",
+                    "partial_json": function.arguments.unwrap_or_default(),
+                }}),
+            ));
+            events.push(sse::named_event(
+                "content_block_stop",
+                &json!({"type": "content_block_stop", "index": index}),
             ));
         }
         if let Some(finish) = delta.finish_reason {
@@ -196,10 +295,10 @@ impl sse::ChunkFramer for MessagesFramer {
 
     fn close(&mut self, usage: Option<TokenUsage>, events: &mut Vec<Bytes>) {
         let usage = usage.unwrap_or_default();
-        events.push(sse::named_event(
-            "content_block_stop",
-            &json!({"type": "content_block_stop", "index": 0}),
-        ));
+        if self.num_blocks == 0 {
+            self.block(OpenBlock::Text, events);
+        }
+        self.close_block(events);
         events.push(sse::named_event(
             "message_delta",
             &json!({

@@ -16,14 +16,15 @@ use super::endpoint::{Arrival, Endpoint};
 use super::openai_shared::{check_supported, now_secs, response_nvext};
 use super::request_metrics::RequestScope;
 use super::sse;
+use crate::chat_output::{self, OutputParsing};
 use crate::choices;
 use crate::error::FrontendError;
 use crate::generate::{TextDelta, TokenUsage};
 use crate::logprobs::LogprobText;
 use crate::models::find_model;
+use crate::opts::ReasoningField;
 use crate::pipeline::generate_request;
 use crate::preprocess::Stage;
-use crate::tool_output;
 
 /// `POST /v1/chat/completions`, streaming or unary.
 pub(crate) struct ChatCompletions;
@@ -78,7 +79,7 @@ async fn respond(
                     content: (choice.tool_calls.is_empty() || !choice.text.trim().is_empty())
                         .then_some(choice.text),
                     tool_calls: (!choice.tool_calls.is_empty()).then_some(choice.tool_calls),
-                    ..Default::default()
+                    ..reasoning_message(state.settings.reasoning_field, choice.reasoning)
                 },
                 finish_reason: choice.finish_reason,
             })
@@ -122,6 +123,7 @@ async fn respond(
         created,
         include_usage,
         logprobs,
+        reasoning_field: state.settings.reasoning_field,
     };
     let events = sse::delta_events(scope, deltas, Some(opening), framer);
     Ok(sse::sse_response(events, state.settings.sse_keep_alive))
@@ -134,6 +136,22 @@ struct ChatFramer {
     created: u64,
     include_usage: bool,
     logprobs: Option<LogprobText>,
+    reasoning_field: ReasoningField,
+}
+
+/// A unary message's reasoning under the configured field name (none when empty).
+fn reasoning_message(field: ReasoningField, reasoning: String) -> ChatResponseMessage {
+    let reasoning = (!reasoning.is_empty()).then_some(reasoning);
+    match field {
+        ReasoningField::ReasoningContent => ChatResponseMessage {
+            reasoning_content: reasoning,
+            ..Default::default()
+        },
+        ReasoningField::Reasoning => ChatResponseMessage {
+            reasoning,
+            ..Default::default()
+        },
+    }
 }
 
 impl ChatFramer {
@@ -156,6 +174,16 @@ impl sse::ChunkFramer for ChatFramer {
             .as_ref()
             .filter(|_| !delta.logprobs.is_empty())
             .map(|namer| namer.chat(&delta.logprobs));
+        if !delta.reasoning.is_empty() {
+            let mut choice = ChatChunkChoice::content(delta.index, "");
+            choice.delta.content = None;
+            let text = Some(std::borrow::Cow::Borrowed(delta.reasoning.as_str()));
+            match self.reasoning_field {
+                ReasoningField::ReasoningContent => choice.delta.reasoning_content = text,
+                ReasoningField::Reasoning => choice.delta.reasoning = text,
+            }
+            events.push(self.chunk(choice));
+        }
         if !delta.text.is_empty() || logprobs.is_some() {
             let mut choice = ChatChunkChoice::content(delta.index, &delta.text);
             choice.logprobs = logprobs;
@@ -254,7 +282,7 @@ pub(crate) async fn start(
             &sampling,
             max_tokens,
         );
-        worker_request.tools = tool_output::tools_request(request);
+        worker_request.tools = chat_output::tools_request(request);
         timer.record_since_arrival(Stage::Preprocess);
         let started = choices::start_all(
             &entry,
@@ -290,11 +318,14 @@ pub(crate) async fn start(
         timer,
         request_id,
     );
-    let deltas = match tool_output::tool_parsing(request, entry.pipeline.tool_format()) {
-        Some(parsing) => {
-            tool_output::parse_tool_calls(deltas, parsing, request_id.to_owned()).left_stream()
-        }
-        None => deltas.right_stream(),
+    let parsing = OutputParsing {
+        reasoning: entry.pipeline.reasoning_format(),
+        tools: chat_output::tool_parsing(request, entry.pipeline.tool_format()),
+    };
+    let deltas = if parsing.is_active() {
+        chat_output::parse_output(deltas, parsing, request_id.to_owned()).left_stream()
+    } else {
+        deltas.right_stream()
     };
     Ok(StartedChat {
         deltas,

@@ -4,12 +4,10 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
 use futures::Stream;
 use kvmesh_llm::openai::FinishReason;
 use kvmesh_llm::responses::ResponsesRequest;
-use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::AppState;
@@ -19,6 +17,10 @@ use super::openai_shared::now_secs;
 use super::sse;
 use crate::error::FrontendError;
 use crate::generate::{TextDelta, TokenUsage};
+
+mod stream;
+
+use self::stream::ResponsesFramer;
 
 /// `POST /v1/responses`, streaming or unary.
 pub(crate) struct Responses;
@@ -56,6 +58,7 @@ async fn respond(
     } = started;
     let compact = request_id.replace('-', "");
     let shape = ResponseShape {
+        compact_id: compact.clone(),
         id: format!("resp_{compact}"),
         message_id: format!("msg_{compact}"),
         model,
@@ -71,22 +74,31 @@ async fn respond(
             .await?
             .into_single();
         let status = Status::of(answer.finish_reason);
-        let output = vec![shape.message(&answer.text, status)];
+        let mut output = Vec::new();
+        if !answer.reasoning.is_empty() {
+            output.push(shape.reasoning_item(&answer.reasoning, Status::Completed));
+        }
+        if !answer.text.trim().is_empty() || answer.tool_calls.is_empty() {
+            output.push(shape.message(&answer.text, status));
+        }
+        for call in &answer.tool_calls {
+            output.push(shape.function_call_item(
+                &call.id,
+                &call.function.name,
+                &call.function.arguments,
+                Status::Completed,
+            ));
+        }
         return Ok(axum::Json(shape.response(status, output, Some(usage), None)).into_response());
     }
 
-    let mut framer = ResponsesFramer {
-        shape,
-        sequence: 0,
-        text: String::new(),
-        status: Status::Completed,
-    };
+    let mut framer = ResponsesFramer::new(shape);
     let opening = framer.opening();
     let events = sse::delta_events(scope, deltas, Some(opening), framer);
     Ok(sse::sse_response(events, state.settings.sse_keep_alive))
 }
 
-/// How a response ended.
+/// How a response (or one of its items) ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Status {
     InProgress,
@@ -113,8 +125,9 @@ impl Status {
     }
 }
 
-/// What every Response object of one request repeats.
+/// What every Response object of one request repeats, and its output items.
 struct ResponseShape {
+    compact_id: String,
     id: String,
     message_id: String,
     model: String,
@@ -133,6 +146,39 @@ impl ResponseShape {
             "status": status.as_str(),
             "role": "assistant",
             "content": [output_text(text)],
+        })
+    }
+
+    fn reasoning_id(&self) -> String {
+        format!("rs_{}", self.compact_id)
+    }
+
+    /// The thinking a reasoning parser split off, as a `reasoning` item.
+    fn reasoning_item(&self, text: &str, status: Status) -> Value {
+        json!({
+            "type": "reasoning",
+            "id": self.reasoning_id(),
+            "status": status.as_str(),
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}],
+        })
+    }
+
+    /// A tool call as a `function_call` item; its `call_id` is the chat tool-call id.
+    fn function_call_item(
+        &self,
+        call_id: &str,
+        name: &str,
+        arguments: &str,
+        status: Status,
+    ) -> Value {
+        json!({
+            "type": "function_call",
+            "id": format!("fc_{call_id}"),
+            "call_id": call_id,
+            "name": name,
+            "arguments": arguments,
+            "status": status.as_str(),
         })
     }
 
@@ -175,126 +221,4 @@ impl ResponseShape {
 
 fn output_text(text: &str) -> Value {
     json!({"type": "output_text", "text": text, "annotations": []})
-}
-
-/// One `response.output_text.delta` (the only per-token event).
-#[derive(Serialize)]
-struct OutputTextDelta<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    sequence_number: u64,
-    item_id: &'a str,
-    output_index: u32,
-    content_index: u32,
-    delta: &'a str,
-    logprobs: [(); 0],
-}
-
-/// Responses events, each with the next `sequence_number`: created, in progress, the message item
-/// and its text part opened; a text delta per delta; then the text, part and item done and
-/// `response.completed` (or `response.incomplete` at `max_output_tokens`, `response.failed` on
-/// an error).
-struct ResponsesFramer {
-    shape: ResponseShape,
-    sequence: u64,
-    text: String,
-    status: Status,
-}
-
-impl ResponsesFramer {
-    fn event(&mut self, kind: &str, mut body: Value) -> Bytes {
-        body["type"] = kind.into();
-        body["sequence_number"] = self.sequence.into();
-        self.sequence += 1;
-        sse::named_event(kind, &body)
-    }
-
-    fn opening(&mut self) -> Bytes {
-        let response = self
-            .shape
-            .response(Status::InProgress, Vec::new(), None, None);
-        let mut opening = self
-            .event("response.created", json!({"response": response}))
-            .to_vec();
-        opening
-            .extend_from_slice(&self.event("response.in_progress", json!({"response": response})));
-        let item = self.shape.message("", Status::InProgress);
-        let mut item = item;
-        item["content"] = json!([]);
-        opening.extend_from_slice(&self.event(
-            "response.output_item.added",
-            json!({"output_index": 0, "item": item}),
-        ));
-        let item_id = self.shape.message_id.clone();
-        opening.extend_from_slice(&self.event(
-            "response.content_part.added",
-            json!({"item_id": item_id, "output_index": 0, "content_index": 0, "part": output_text("")}),
-        ));
-        Bytes::from(opening)
-    }
-}
-
-impl sse::ChunkFramer for ResponsesFramer {
-    fn delta(&mut self, delta: &TextDelta, events: &mut Vec<Bytes>) {
-        if !delta.text.is_empty() {
-            events.push(sse::named_event(
-                "response.output_text.delta",
-                &OutputTextDelta {
-                    kind: "response.output_text.delta",
-                    sequence_number: self.sequence,
-                    item_id: &self.shape.message_id,
-                    output_index: 0,
-                    content_index: 0,
-                    delta: &delta.text,
-                    logprobs: [],
-                },
-            ));
-            self.sequence += 1;
-            self.text.push_str(&delta.text);
-        }
-        if delta.finish_reason.is_some() {
-            self.status = Status::of(delta.finish_reason);
-        }
-    }
-
-    fn close(&mut self, usage: Option<TokenUsage>, events: &mut Vec<Bytes>) {
-        let item_id = self.shape.message_id.clone();
-        let text = std::mem::take(&mut self.text);
-        events.push(self.event(
-            "response.output_text.done",
-            json!({"item_id": item_id, "output_index": 0, "content_index": 0, "text": text, "logprobs": []}),
-        ));
-        events.push(self.event(
-            "response.content_part.done",
-            json!({"item_id": item_id, "output_index": 0, "content_index": 0, "part": output_text(&text)}),
-        ));
-        let item = self.shape.message(&text, self.status);
-        events.push(self.event(
-            "response.output_item.done",
-            json!({"output_index": 0, "item": item}),
-        ));
-        let response = self.shape.response(self.status, vec![item], usage, None);
-        let kind = match self.status {
-            Status::Incomplete => "response.incomplete",
-            _ => "response.completed",
-        };
-        events.push(self.event(kind, json!({"response": response})));
-    }
-
-    fn error(&mut self, error: &FrontendError) -> Bytes {
-        if error.is_private() {
-            tracing::error!(%error, "worker failure mid-stream");
-        }
-        let body = error.body();
-        let failure = json!({
-            "code": body["error"]["type"],
-            "message": body["error"]["message"],
-        });
-        let text = std::mem::take(&mut self.text);
-        let output = vec![self.shape.message(&text, Status::Incomplete)];
-        let response = self
-            .shape
-            .response(Status::Failed, output, None, Some(failure));
-        self.event("response.failed", json!({"response": response}))
-    }
 }

@@ -137,7 +137,7 @@ pub fn delta_events(
                     return;
                 }
             };
-            if delta.text.is_empty() && delta.finish_reason.is_none() && delta.logprobs.is_empty() && delta.tool_calls.is_empty() {
+            if delta.text.is_empty() && delta.reasoning.is_empty() && delta.finish_reason.is_none() && delta.logprobs.is_empty() && delta.tool_calls.is_empty() {
                 continue;
             }
             framer.delta(&delta, &mut events);
@@ -186,6 +186,8 @@ pub struct UnaryChoice {
     pub logprobs: Vec<kvmesh_proto::v1::TokenLogprob>,
     /// The tool calls read from the output, in order.
     pub tool_calls: Vec<kvmesh_llm::openai::ToolCall>,
+    /// Reasoning split off by the model's reasoning parser.
+    pub reasoning: String,
 }
 
 impl UnaryAnswer {
@@ -223,6 +225,7 @@ pub async fn collect_unary(
         }
         let choice = &mut choices[index];
         choice.text.push_str(&delta.text);
+        choice.reasoning.push_str(&delta.reasoning);
         choice.logprobs.append(&mut delta.logprobs);
         choice
             .tool_calls

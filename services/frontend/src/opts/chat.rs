@@ -167,12 +167,6 @@ impl ChatOpts {
                 "sends no reasoning_dispatch events",
             );
         }
-        if self.reasoning_field_name != ReasoningField::ReasoningContent {
-            later(
-                "--reasoning-field-name",
-                "parses no reasoning yet, so no response carries a reasoning field",
-            );
-        }
         if self.dyn_chat_processor != "dynamo" || self.dyn_chat_processor_config != "{}" {
             later(
                 "--dyn-chat-processor",

@@ -157,18 +157,20 @@ impl Xoshiro256 {
     }
 }
 
-/// Length of the thinking section of an output of `max_tokens` tokens: `floor(osl · ratio)`,
-/// raised to 2 (room for both markers) when non-zero, 0 when the output cannot hold both markers.
+/// Length of the thinking section of an output of `max_tokens` tokens, markers included:
+/// `floor(osl · ratio)`, raised to the markers' length when non-zero, 0 when the output cannot
+/// hold both markers.
 pub(crate) fn thinking_len(reasoning: Option<&ReasoningConfig>, max_tokens: u32) -> u32 {
     let Some(reasoning) = reasoning else {
         return 0;
     };
+    let markers = reasoning.marker_len();
     let ratio = reasoning.thinking_ratio.clamp(0.0, 1.0);
     let len = (f64::from(max_tokens) * ratio).floor() as u32;
     match len {
         0 => 0,
-        _ if max_tokens < 2 => 0,
-        len => len.max(2).min(max_tokens),
+        _ if max_tokens < markers => 0,
+        len => len.max(markers).min(max_tokens),
     }
 }
 
@@ -261,18 +263,14 @@ mod tests {
 
     #[test]
     fn thinking_length_rules() {
-        let reasoning = ReasoningConfig {
-            start_thinking_token_id: 1,
-            end_thinking_token_id: 2,
-            thinking_ratio: 0.25,
-        };
+        let reasoning = ReasoningConfig::single(1, 2, 0.25);
         assert_eq!(thinking_len(None, 100), 0);
         assert_eq!(thinking_len(Some(&reasoning), 100), 25);
         assert_eq!(thinking_len(Some(&reasoning), 5), 2);
         assert_eq!(thinking_len(Some(&reasoning), 3), 0);
         let all = ReasoningConfig {
             thinking_ratio: 1.0,
-            ..reasoning
+            ..reasoning.clone()
         };
         assert_eq!(thinking_len(Some(&all), 1), 0);
         assert_eq!(thinking_len(Some(&all), 4), 4);

@@ -64,6 +64,7 @@ impl Sequence {
             lora_name,
             sampling,
             forced_output,
+            max_thinking_tokens,
         } = request;
         if prompt.is_empty() {
             return Err("prompt is empty".to_owned());
@@ -127,8 +128,12 @@ impl Sequence {
             max_tokens,
             min_tokens: min_tokens.min(max_tokens),
             stop_token_ids,
-            num_thinking: thinking_len(config.reasoning.as_ref(), max_tokens),
-            reasoning: config.reasoning,
+            num_thinking: thinking_budget(
+                thinking_len(config.reasoning.as_ref(), max_tokens),
+                config.reasoning.as_ref(),
+                max_thinking_tokens,
+            ),
+            reasoning: config.reasoning.clone(),
             rng,
             sampling,
             forced_output,
@@ -179,14 +184,23 @@ impl Sequence {
     pub(crate) fn sample(&mut self, vocab: &Vocab) -> Sampled {
         let index = self.num_outputs() as u32;
         let is_first = index == 0;
-        let forced = self.forced_output.get(index as usize).copied();
-        let marker = match self.reasoning {
-            _ if !self.forced_output.is_empty() => None,
-            Some(reasoning) if self.num_thinking > 0 && index == 0 => {
-                Some(reasoning.start_thinking_token_id)
-            }
-            Some(reasoning) if self.num_thinking > 0 && index + 1 == self.num_thinking => {
-                Some(reasoning.end_thinking_token_id)
+        // A reasoning model thinks first; forced (guided) output follows the thinking.
+        let forced = index
+            .checked_sub(self.num_thinking)
+            .and_then(|at| self.forced_output.get(at as usize))
+            .copied();
+        let marker = match &self.reasoning {
+            Some(reasoning) if index < self.num_thinking => {
+                let at = index as usize;
+                let end_from =
+                    (self.num_thinking as usize).saturating_sub(reasoning.end_thinking.len());
+                if at < reasoning.start_thinking.len() {
+                    Some(reasoning.start_thinking[at])
+                } else if at >= end_from {
+                    reasoning.end_thinking.get(at - end_from).copied()
+                } else {
+                    None
+                }
             }
             _ => None,
         };
@@ -207,7 +221,9 @@ impl Sequence {
         self.extend_hashes();
         let num_outputs = index + 1;
         // As vLLM: a stop token wins over the length limit on the same token.
-        let finish = if forced.is_some() && num_outputs as usize == self.forced_output.len() {
+        let finish = if forced.is_some()
+            && num_outputs as usize == self.num_thinking as usize + self.forced_output.len()
+        {
             Some(FinishKind::Eos)
         } else if marker.is_none()
             && num_outputs >= self.min_tokens
@@ -225,5 +241,16 @@ impl Sequence {
             finish,
             logprobs,
         }
+    }
+}
+
+/// The thinking section's length under a request's `max_thinking_tokens` (tokens between the
+/// markers), markers included; the markers always fit whole or not at all.
+fn thinking_budget(len: u32, reasoning: Option<&ReasoningConfig>, budget: Option<u32>) -> u32 {
+    match (reasoning, budget) {
+        (Some(reasoning), Some(budget)) if len > 0 => {
+            len.min(budget.saturating_add(reasoning.marker_len()))
+        }
+        _ => len,
     }
 }

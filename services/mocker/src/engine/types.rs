@@ -28,9 +28,12 @@ pub struct EngineRequest {
     pub lora_name: Option<String>,
     /// How its tokens are drawn and whether log probabilities come with them.
     pub sampling: EngineSampling,
-    /// When not empty, the output is exactly these tokens (guided decoding: the worker wrote
-    /// the constrained text and tokenized it), cut at `max_tokens`.
+    /// When not empty, the output is exactly these tokens (guided decoding or tool calls: the
+    /// worker wrote the text and tokenized it), after the thinking section when the engine
+    /// reasons, cut at `max_tokens`.
     pub forced_output: Vec<u32>,
+    /// Most tokens between the thinking markers (`max_thinking_tokens`); `None`: no limit.
+    pub max_thinking_tokens: Option<u32>,
 }
 
 /// The sampling options the mock engine honours (docs/mocker.md, "Output").

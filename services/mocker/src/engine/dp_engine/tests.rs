@@ -1,6 +1,7 @@
 //! Scheduling: chunking, seats, preemption, generation rules, cancellation and validation.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use super::*;
 use crate::engine::{EngineSampling, KvCacheEvent, ReasoningConfig, timing};
@@ -321,11 +322,7 @@ fn tokens_never_special_and_stop_rules_hold() {
 #[test]
 fn reasoning_wraps_the_first_part_in_markers() {
     let config = EngineConfig {
-        reasoning: Some(ReasoningConfig {
-            start_thinking_token_id: 1001,
-            end_thinking_token_id: 1002,
-            thinking_ratio: 0.3,
-        }),
+        reasoning: Some(ReasoningConfig::single(1001, 1002, 0.3)),
         ..small_config(64, 4)
     };
     let mut engine = DpEngine::new(config, 0);
@@ -334,6 +331,44 @@ fn reasoning_wraps_the_first_part_in_markers() {
     assert_eq!(tokens.len(), 10);
     assert_eq!((tokens[0], tokens[2]), (1001, 1002));
     assert!(tokens[3..].iter().all(|&t| t < 1000));
+}
+
+#[test]
+fn multi_token_markers_and_a_budget_shape_the_thinking_and_forced_output_follows_it() {
+    let config = EngineConfig {
+        reasoning: Some(ReasoningConfig {
+            start_thinking: Arc::from([1001, 1002]),
+            end_thinking: Arc::from([1003, 1004]),
+            thinking_ratio: 0.5,
+        }),
+        ..small_config(64, 4)
+    };
+    let mut engine = DpEngine::new(config.clone(), 0);
+    engine.add_request(request(1, prompt(0, 4), 20));
+    engine.add_request(EngineRequest {
+        max_thinking_tokens: Some(1),
+        ..request(2, prompt(8, 4), 20)
+    });
+    engine.add_request(EngineRequest {
+        forced_output: vec![7, 8, 9],
+        ..request(3, prompt(16, 4), 20)
+    });
+    let steps = run_to_idle(&mut engine);
+    let free = tokens_of(&steps, 1);
+    assert_eq!(&free[..2], &[1001, 1002]);
+    assert_eq!(&free[8..10], &[1003, 1004]);
+    assert!(free[2..8].iter().chain(&free[10..]).all(|&t| t < 1000));
+    let capped = tokens_of(&steps, 2);
+    assert_eq!(&capped[..2], &[1001, 1002]);
+    assert_eq!(&capped[3..5], &[1003, 1004]);
+    let forced = tokens_of(&steps, 3);
+    assert_eq!(forced.len(), 13);
+    assert_eq!(
+        (&forced[..2], &forced[8..10]),
+        (&[1001, 1002][..], &[1003, 1004][..])
+    );
+    assert_eq!(&forced[10..], &[7, 8, 9]);
+    assert_eq!(finishes(&steps)[&3], FinishKind::Eos);
 }
 
 #[test]
