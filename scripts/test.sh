@@ -61,4 +61,11 @@ if [ ! -x "$numpy1_venv/bin/python" ]; then
 fi
 "$numpy1_venv/bin/pip" install -q "tritonclient[grpc]>=2.60" "numpy<2"
 export KVMESH_NUMPY1_PYTHON="$numpy1_venv/bin/python"
+# aiperf (pinned) in a venv of its own: its dependencies are many and pinned tightly.
+aiperf_venv=${venv}-aiperf
+if [ ! -x "$aiperf_venv/bin/aiperf" ]; then
+  python3 -m venv "$aiperf_venv"
+  "$aiperf_venv/bin/pip" install -q "aiperf==0.13.0"
+fi
+export KVMESH_AIPERF="$aiperf_venv/bin/aiperf"
 KVMESH_BIN_DIR="${CARGO_TARGET_DIR:-$root/target}/debug" "$venv/bin/python" -m pytest -q tests/python
