@@ -122,3 +122,17 @@ def test_responses_text_format_constrains_the_output(kvmesh_up):
         text={"format": {"type": "json_schema", "name": "worker", "schema": SCHEMA, "strict": True}})
     assert resp.status == "completed"
     jsonschema.validate(json.loads(resp.output_text), SCHEMA)
+
+
+def test_logit_bias_is_refused_not_ignored(kvmesh_up):
+    with pytest.raises(openai.APIStatusError) as err:
+        chat(kvmesh_up, logit_bias={"42": 5})
+    assert err.value.status_code == 501 and "logit_bias" in err.value.body["message"]
+    # An empty map asks for nothing.
+    assert chat(kvmesh_up, logit_bias={}, max_tokens=2).choices[0].message.content
+
+
+def test_prompt_logprobs_are_refused_not_left_out(kvmesh_up):
+    with pytest.raises(openai.APIStatusError) as err:
+        kvmesh_up.client().completions.create(model="tiny", prompt="The cache", max_tokens=2, echo=True, logprobs=1)
+    assert err.value.status_code == 501 and "echo" in err.value.body["message"]

@@ -178,7 +178,7 @@ fn completion_prompts_and_validation() {
     ];
     for (prompt, len) in shapes {
         let request =
-            completion(json!({"model": "m", "prompt": prompt, "logprobs": 2, "echo": true}));
+            completion(json!({"model": "m", "prompt": prompt, "logprobs": 2, "echo": false}));
         request.validate().unwrap();
         assert_eq!(request.prompt.len(), len);
         assert_eq!(request.sampling_options().logprobs, Some(2));

@@ -155,6 +155,7 @@ impl ChatCompletionRequest {
             ));
         }
         guided_decoding(self.response_format.as_ref(), self.nvext.as_ref())?;
+        refuse_logit_bias(self.logit_bias.as_ref())?;
         self.validate_tool_choice()?;
         at_least("max_thinking_tokens", self.max_thinking_tokens, 0)?;
         validate_common(&self.common())
@@ -232,6 +233,11 @@ impl CompletionRequest {
         at_least("max_tokens", self.max_tokens, 1)?;
         if let Some(logprobs) = self.logprobs {
             in_int_range("logprobs", logprobs, 0, MAX_TOP_LOGPROBS)?;
+            if self.echo == Some(true) {
+                return Err(LlmError::Unsupported(
+                    "'echo' with 'logprobs' (prompt log probabilities) is not supported".to_owned(),
+                ));
+            }
         }
         if self
             .suffix
@@ -251,6 +257,7 @@ impl CompletionRequest {
             ));
         }
         guided_decoding(self.response_format.as_ref(), self.nvext.as_ref())?;
+        refuse_logit_bias(self.logit_bias.as_ref())?;
         validate_common(&self.common())
     }
 
@@ -260,6 +267,19 @@ impl CompletionRequest {
             .ok()
             .flatten();
         normalize(&self.common(), self.logprobs.map(to_u32), guided)
+    }
+}
+
+/// `logit_bias` is not in the worker contract yet: a non-empty one is refused rather than
+/// ignored.
+fn refuse_logit_bias(
+    bias: Option<&serde_json::Map<String, serde_json::Value>>,
+) -> Result<(), LlmError> {
+    match bias {
+        Some(bias) if !bias.is_empty() => Err(LlmError::Unsupported(
+            "'logit_bias' is not supported".to_owned(),
+        )),
+        _ => Ok(()),
     }
 }
 
