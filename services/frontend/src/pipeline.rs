@@ -53,38 +53,19 @@ impl Pipeline {
         } else {
             model.context_length().unwrap_or(u32::MAX)
         };
-        let tool_parser = card
-            .runtime_config
-            .as_ref()
-            .and_then(|runtime| runtime.tool_call_parser.as_deref())
-            .filter(|name| !name.is_empty());
-        let tool_format = tool_parser.and_then(|name| {
-            let format = ToolCallFormat::from_name(name);
-            if format.is_none() {
-                tracing::warn!(
-                    parser = name,
-                    known = ?ToolCallFormat::NAMES,
-                    "the model card names an unknown tool-call parser; tool calls stay in the text"
-                );
-            }
-            format
-        });
-        let reasoning_parser = card
-            .runtime_config
-            .as_ref()
-            .and_then(|runtime| runtime.reasoning_parser.as_deref())
-            .filter(|name| !name.is_empty());
-        let reasoning_format = reasoning_parser.and_then(|name| {
-            let format = ReasoningFormat::from_name(name);
-            if format.is_none() {
-                tracing::warn!(
-                    parser = name,
-                    known = ?ReasoningFormat::NAMES,
-                    "the model card names an unknown reasoning parser; reasoning stays in the text"
-                );
-            }
-            format
-        });
+        let runtime = card.runtime_config.clone().unwrap_or_default();
+        let tool_format = card_parser(
+            runtime.tool_call_parser.as_deref(),
+            "tool-call",
+            &ToolCallFormat::NAMES,
+            ToolCallFormat::from_name,
+        );
+        let reasoning_format = card_parser(
+            runtime.reasoning_parser.as_deref(),
+            "reasoning",
+            &ReasoningFormat::NAMES,
+            ReasoningFormat::from_name,
+        );
         Ok(Self {
             model,
             context_length,
@@ -92,11 +73,7 @@ impl Pipeline {
             tool_format,
             reasoning_format,
             exclude_tools_when_tool_choice_none: preprocess.exclude_tools_when_tool_choice_none
-                && card
-                    .runtime_config
-                    .as_ref()
-                    .and_then(|runtime| runtime.exclude_tools_when_tool_choice_none)
-                    .unwrap_or(true),
+                && runtime.exclude_tools_when_tool_choice_none.unwrap_or(true),
         })
     }
 
@@ -201,6 +178,26 @@ impl Pipeline {
             prompt_param,
         )?)
     }
+}
+
+/// The output parser a model card names; an unknown name is logged and no parser is used, so
+/// the output stays text.
+fn card_parser<T>(
+    name: Option<&str>,
+    kind: &str,
+    known: &[&str],
+    from_name: fn(&str) -> Option<T>,
+) -> Option<T> {
+    let name = name.filter(|name| !name.is_empty())?;
+    let parser = from_name(name);
+    if parser.is_none() {
+        tracing::warn!(
+            parser = name,
+            ?known,
+            "the model card names an unknown {kind} parser; its output stays in the text"
+        );
+    }
+    parser
 }
 
 /// Builds the worker request from validated sampling options.
