@@ -65,6 +65,7 @@ class Proc:
             full_env.update(env)
         binary = str(BIN_DIR / args[0])
         self.proc = subprocess.Popen([binary, *args[1:]], stdout=self.log, stderr=subprocess.STDOUT, env=full_env)
+        self.was_killed = False
 
     def output(self):
         return Path(self.log.name).read_text(errors="replace")
@@ -74,6 +75,7 @@ class Proc:
 
     def kill(self, sig=signal.SIGKILL):
         if self.alive():
+            self.was_killed = True
             self.proc.send_signal(sig)
             try:
                 self.proc.wait(timeout=15)
@@ -122,6 +124,11 @@ class Mesh:
         return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key="unused", max_retries=0, **kwargs)
 
     def stop(self):
+        # A process that exited on its own (not one a test killed) shows its log tail, so a
+        # failure caused by a crash says why in the test's captured output.
+        for p in self.procs:
+            if not p.alive() and not p.was_killed:
+                print(f"--- {p.name} exited on its own (rc {p.proc.returncode}) ---\n{p.output()[-4000:]}")
         for p in reversed(self.procs):
             p.kill()
 
@@ -177,7 +184,8 @@ def kvmesh_up():
         mesh.stop()
 
 
-def start_distributed(backend, extra_env=None, mocker_args=(), num_workers=2, speedup="100", kserve=False):
+def start_distributed(backend, extra_env=None, mocker_args=(), num_workers=2, speedup="100", kserve=False,
+                      frontend_args=()):
     """Frontend plus `num_workers` mocker processes sharing a fresh namespace. With `kserve` the
     frontend serves KServe gRPC on its HTTP port (`mesh.grpc`) and health and metrics on the side
     port (`mesh.base_url`)."""
@@ -189,13 +197,14 @@ def start_distributed(backend, extra_env=None, mocker_args=(), num_workers=2, sp
     env["NATS_SERVER"] = require_env("NATS_SERVER")
     port = free_port()
     rpc_ports = [free_port() for _ in range(num_workers)]
-    frontend_args = ["kvmesh-frontend", "--http-host", "127.0.0.1", "--http-port", str(port), "--namespace", namespace]
+    args = ["kvmesh-frontend", "--http-host", "127.0.0.1", "--http-port", str(port), "--namespace", namespace,
+            *frontend_args]
     grpc_address = None
     if kserve:
         grpc_address = f"127.0.0.1:{port}"
         port = free_port()
-        frontend_args += ["--kserve-grpc-server", "--grpc-metrics-port", str(port)]
-    frontend = Proc("frontend", frontend_args, env)
+        args += ["--kserve-grpc-server", "--grpc-metrics-port", str(port)]
+    frontend = Proc("frontend", args, env)
     mockers = [
         Proc(f"mocker{i}", ["kvmesh-mocker", "--model-path", str(TINY_MODEL), "--model-name", "tiny",
                             "--endpoint", f"dyn://{namespace}.backend.generate", "--speedup-ratio", speedup,
