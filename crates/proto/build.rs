@@ -5,10 +5,18 @@ use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
-    let mut protos: Vec<PathBuf> = ["llm", "worker", "events", "discovery", "indexer", "router"]
-        .iter()
-        .map(|name| root.join(format!("kvmesh/v1/{name}.proto")))
-        .collect();
+    let mut protos: Vec<PathBuf> = [
+        "llm",
+        "worker",
+        "events",
+        "discovery",
+        "indexer",
+        "router",
+        "processor",
+    ]
+    .iter()
+    .map(|name| root.join(format!("kvmesh/v1/{name}.proto")))
+    .collect();
     // The KServe v2 / Triton contract, package `inference`.
     protos.extend(
         ["grpc_service", "model_config"].map(|name| root.join(format!("kserve/{name}.proto"))),

@@ -198,6 +198,68 @@ pub fn env_number<T: std::str::FromStr>(name: &str) -> Result<Option<T>> {
     }
 }
 
+fn raw_values(matches: &ArgMatches, id: &str) -> Vec<String> {
+    matches
+        .get_raw(id)
+        .map(|raw| raw.map(|v| v.to_string_lossy().into_owned()).collect())
+        .unwrap_or_default()
+}
+
+/// One value as its most specific JSON type: a boolean, an integer, a number, else a string.
+fn typed_value(text: &str) -> serde_json::Value {
+    match text {
+        "true" => return true.into(),
+        "false" => return false.into(),
+        _ => {}
+    }
+    if let Ok(number) = text.parse::<i64>() {
+        return number.into();
+    }
+    match text.parse::<f64>() {
+        Ok(number) if number.is_finite() && !text.is_empty() => number.into(),
+        _ => text.into(),
+    }
+}
+
+/// Every option's resolved value keyed by its field name (`router_mode`), typed as
+/// [`typed_value`] reads it; a multi-valued option is a list and an unset one null. This is
+/// the `config` a Python chat processor's provider receives.
+pub fn resolved_values(command: &Command, matches: &ArgMatches) -> serde_json::Value {
+    let mut options = serde_json::Map::new();
+    for arg in command.get_arguments() {
+        let id = arg.get_id().as_str();
+        if id == "help" || id == "version" {
+            continue;
+        }
+        let values = raw_values(matches, id);
+        let is_multiple = arg.get_num_args().is_some_and(|n| n.max_values() > 1)
+            || matches!(arg.get_action(), clap::ArgAction::Append);
+        let value = match values.as_slice() {
+            [] if is_multiple => serde_json::Value::Array(Vec::new()),
+            [] => serde_json::Value::Null,
+            [one] if !is_multiple => typed_value(one),
+            many => many.iter().map(|v| typed_value(v)).collect(),
+        };
+        options.insert(id.to_owned(), value);
+    }
+    serde_json::Value::Object(options)
+}
+
+/// [`parse_args`], also returning [`resolved_values`] of what was parsed.
+pub fn parse_args_with_values<T: clap::Parser>(
+    runtime: impl Fn(&T) -> &RuntimeOpts,
+) -> (T, serde_json::Value) {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let opts = parse_from(args.clone(), runtime);
+    let command = T::command();
+    let values = command
+        .clone()
+        .try_get_matches_from(args)
+        .map(|matches| resolved_values(&command, &matches))
+        .unwrap_or_default();
+    (opts, values)
+}
+
 /// Writes every argument's resolved value and source (`cli`, `env`, `default`) as JSON.
 pub fn dump_config(command: &Command, matches: &ArgMatches, path: &Path) -> Result<()> {
     let mut options = serde_json::Map::new();
@@ -211,10 +273,7 @@ pub fn dump_config(command: &Command, matches: &ArgMatches, path: &Path) -> Resu
             Some(ValueSource::EnvVariable) => "env",
             _ => "default",
         };
-        let values: Vec<String> = matches
-            .get_raw(id)
-            .map(|raw| raw.map(|v| v.to_string_lossy().into_owned()).collect())
-            .unwrap_or_default();
+        let values = raw_values(matches, id);
         let value = match values.len() {
             0 => serde_json::Value::Null,
             1 if arg.get_num_args().is_none_or(|n| n.max_values() <= 1) => {

@@ -58,9 +58,38 @@ pub enum FrontendError {
     /// The router could not place the request (no worker, all busy, bad routing header).
     #[error("{0}")]
     Route(kvmesh_routing::RouteError),
+    /// A chat processor chose this HTTP status (`HttpError`): the client reads the status's
+    /// reason phrase, the processor's message is only logged (docs/processors.md, "Errors").
+    #[error("{}", processor_reason(*status))]
+    ProcessorStatus {
+        /// The status the processor asked for.
+        status: u16,
+        /// The processor's message, for the logs.
+        detail: String,
+    },
     /// Anything unclassified; the message is logged, not sent.
     #[error("internal error")]
     Internal(String),
+}
+
+/// The status a processor's `HttpError` gets: its own for a 4xx, 503 or 529, else 500.
+fn processor_status(status: u16) -> u16 {
+    if (400..500).contains(&status) || status == 503 || status == 529 {
+        status
+    } else {
+        500
+    }
+}
+
+/// The standard reason phrase of the status a processor's `HttpError` gets.
+fn processor_reason(status: u16) -> &'static str {
+    match processor_status(status) {
+        529 => "Overloaded",
+        status => StatusCode::from_u16(status)
+            .ok()
+            .and_then(|code| code.canonical_reason())
+            .unwrap_or("Error"),
+    }
 }
 
 impl From<crate::preprocess::PoolStopped> for FrontendError {
@@ -90,7 +119,24 @@ impl FrontendError {
             Self::NotImplemented(_) => ErrorCode::NotImplemented,
             Self::Worker { code, .. } => *code,
             Self::Route(error) => error.code(),
+            Self::ProcessorStatus { status, .. } => match processor_status(*status) {
+                404 => ErrorCode::NotFound,
+                413 => ErrorCode::PayloadTooLarge,
+                405 => ErrorCode::MethodNotAllowed,
+                503 => ErrorCode::Unavailable,
+                529 => ErrorCode::Overloaded,
+                400..500 => ErrorCode::InvalidArgument,
+                _ => ErrorCode::Internal,
+            },
             Self::Internal(_) => ErrorCode::Internal,
+        }
+    }
+
+    /// The HTTP status of this error with the configured overload status.
+    pub fn http_status(&self, overload_status: u16) -> u16 {
+        match self {
+            Self::ProcessorStatus { status, .. } => processor_status(*status),
+            _ => self.code().http_status(overload_status),
         }
     }
 
@@ -128,6 +174,9 @@ impl FrontendError {
     fn log_private_detail(&self) {
         if let Self::Internal(detail) = self {
             tracing::error!(detail = %detail, "internal error");
+        }
+        if let Self::ProcessorStatus { status, detail } = self {
+            tracing::warn!(status, detail = %detail, "chat processor raised HttpError");
         }
         if self.is_private() {
             tracing::error!(error = %self, "worker failure");
@@ -181,7 +230,7 @@ impl FrontendError {
 
     fn into_response_with_body(self, overload_status: u16, body: serde_json::Value) -> Response {
         self.log_private_detail();
-        let status = StatusCode::from_u16(self.code().http_status(overload_status))
+        let status = StatusCode::from_u16(self.http_status(overload_status))
             .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let body = body.to_string();
         let mut response = (status, body).into_response();

@@ -6,6 +6,7 @@ pub(crate) mod chat;
 mod completions;
 mod embeddings;
 pub(crate) mod endpoint;
+pub(crate) use endpoint::ResponseHeaders;
 mod infra;
 pub(crate) mod openai_shared;
 mod openapi;
@@ -71,6 +72,8 @@ pub struct AppState {
     pub draining: AtomicBool,
     /// Slots for inference requests in flight (`--rejection-frontend-*`; `None`: no limit).
     pub admission: Option<Arc<tokio::sync::Semaphore>>,
+    /// The hosts of the custom chat processor (`--dyn-chat-processor`), when one is configured.
+    pub processor: Option<crate::processor::ProcessorHosts>,
 }
 
 impl AppState {

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::http::AppState;
 use crate::http::chat;
-use crate::http::endpoint::Arrival;
+use crate::http::endpoint::{Arrival, ResponseHeaders};
 use crate::http::request_metrics::EarlyRequest;
 use crate::preprocess::RequestTimer;
 
@@ -92,12 +92,14 @@ async fn answer(
     let request_id = uuid::Uuid::new_v4().to_string();
     let headers = HeaderMap::new();
     let mut early = EarlyRequest::default();
+    let response_headers = ResponseHeaders::default();
     let arrival = Arrival {
         request_id: &request_id,
         headers: &headers,
         body_len: 0,
         timer: RequestTimer::start(&state.preprocess),
         early: &mut early,
+        response_headers: &response_headers,
     };
     let started = chat::start(state, "interactive", &request, arrival).await?;
     let mut scope = started.scope;

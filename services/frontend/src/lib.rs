@@ -20,6 +20,7 @@ pub mod models;
 pub mod opts;
 pub mod pipeline;
 pub mod preprocess;
+pub mod processor;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -119,6 +120,45 @@ pub async fn run(
     ));
 
     let http = &args.http;
+    let processor = match args.chat.custom_processor() {
+        Some(name) => {
+            if args.chat.interactive() || args.kserve.grpc_server() {
+                kvmesh_runtime::config::exit_config_error(
+                    "--dyn-chat-processor (DYN_CHAT_PROCESSOR): a custom chat processor serves only the HTTP edge, not --interactive or --kserve-grpc-server",
+                );
+            }
+            let namespace = args
+                .namespace
+                .clone()
+                .unwrap_or_else(|| processor::DEFAULT_NAMESPACE.to_string());
+            let hosts = processor::ProcessorHosts::watch(
+                discovery.clone(),
+                &namespace,
+                name,
+                lifecycle.stop_token(),
+            )
+            .await?;
+            if args.chat.spawn_processor_host {
+                if embedded.is_some()
+                    || opts.runtime.discovery_backend
+                        == kvmesh_runtime::config::DiscoveryBackend::Mem
+                {
+                    kvmesh_runtime::config::exit_config_error(
+                        "--dyn-chat-processor (DYN_CHAT_PROCESSOR): a processor host is a separate process and cannot see in-memory discovery; use --discovery-backend etcd or file",
+                    );
+                }
+                lifecycle.spawn(processor::spawn_host(lifecycle.stop_token())?);
+                let started = lifecycle.wait_ready(&shutdown, || !hosts.is_empty()).await;
+                if let Err(error) = started {
+                    kvmesh_runtime::config::exit_config_error(&format!(
+                        "--dyn-chat-processor (DYN_CHAT_PROCESSOR) {name}: the processor host did not start: {error}"
+                    ));
+                }
+            }
+            Some(hosts)
+        }
+        None => None,
+    };
     let state = Arc::new(AppState {
         models: table,
         metrics,
@@ -143,6 +183,7 @@ pub async fn run(
         },
         inflight: Inflight::new(),
         draining: AtomicBool::new(false),
+        processor,
         admission: http.inflight_limit().map(|limit| {
             Arc::new(tokio::sync::Semaphore::new(
                 usize::try_from(limit)

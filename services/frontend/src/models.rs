@@ -45,6 +45,9 @@ pub struct ModelEntry {
     pub context_length: u32,
     /// Tokens per KV block.
     pub kv_cache_block_size: u32,
+    /// Whether the workers take token ids (`model_input` other than `Text`): only such models
+    /// are preprocessed by a custom chat processor.
+    pub takes_tokens: bool,
 }
 
 impl ModelEntry {
@@ -458,6 +461,7 @@ fn publish(table: &ModelTable, models: &HashMap<String, ModelState>, config: &Wa
                 metrics: state.metrics.clone(),
                 context_length: state.card.context_length,
                 kv_cache_block_size,
+                takes_tokens: !state.card.model_input.eq_ignore_ascii_case("text"),
             }),
         );
     }

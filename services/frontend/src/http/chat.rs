@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
+use futures::future::Either;
 use futures::{Stream, StreamExt};
 use kvmesh_llm::EncodedPrompt;
 use kvmesh_llm::openai::{
@@ -24,7 +25,8 @@ use crate::logprobs::LogprobText;
 use crate::models::find_model;
 use crate::opts::ReasoningField;
 use crate::pipeline::generate_request;
-use crate::preprocess::Stage;
+use crate::preprocess::{RequestTimer, Stage};
+use crate::processor::{self, ProcessorRequest};
 
 /// `POST /v1/chat/completions`, streaming or unary.
 pub(crate) struct ChatCompletions;
@@ -234,6 +236,20 @@ pub(crate) struct StartedChat<D> {
     pub logprobs: Option<LogprobText>,
 }
 
+impl<D> StartedChat<D> {
+    /// The same start with its deltas wrapped (one type for the processor and built-in paths).
+    fn map_deltas<E>(self, wrap: impl FnOnce(D) -> E) -> StartedChat<E> {
+        StartedChat {
+            deltas: wrap(self.deltas),
+            scope: self.scope,
+            model: self.model,
+            nvext: self.nvext,
+            prompt_tokens: self.prompt_tokens,
+            logprobs: self.logprobs,
+        }
+    }
+}
+
 /// The chat path every chat-family endpoint (chat completions, Anthropic Messages, Responses)
 /// shares after its own parsing: checks, the model, the chat template and tokenizer, the token
 /// budget, and the start through the model's routing seam. Failures before the scope exists are
@@ -251,8 +267,9 @@ pub(crate) async fn start(
         request_id,
         headers,
         body_len,
-        mut timer,
+        timer,
         early,
+        response_headers,
     } = arrival;
     let stream = request.is_stream();
     early.parsed(state, &request.model, stream);
@@ -261,7 +278,101 @@ pub(crate) async fn start(
     check_supported(&sampling)?;
     let entry = find_model(&state.models, &request.model)?;
     early.is_scoped = true;
-    let mut scope = RequestScope::new(state, &entry, endpoint, stream)?;
+    let scope = RequestScope::new(state, &entry, endpoint, stream)?;
+    match state.processor.as_ref().filter(|_| entry.takes_tokens) {
+        Some(hosts) => {
+            let processor_request =
+                super::routing_hints(&state.settings, headers, request.nvext.as_ref()).map(
+                    |hints| ProcessorRequest {
+                        request,
+                        request_id,
+                        hints,
+                        headers: response_headers.clone(),
+                        headers_allowed: endpoint == ChatCompletions::NAME
+                            && (!stream || state.settings.pre_commit_peek.is_some()),
+                        peek: state.settings.pre_commit_peek.filter(|_| stream),
+                        response_timeout: state.settings.backend_stream_timeout,
+                    },
+                );
+            start_on_processor(hosts, &entry, scope, processor_request)
+                .await
+                .map(|started| started.map_deltas(Either::Left))
+        }
+        None => {
+            let started = BuiltinStart {
+                request_id,
+                headers,
+                body_len,
+                timer,
+                sampling,
+            };
+            start_builtin(state, request, entry, scope, started)
+                .await
+                .map(|started| started.map_deltas(Either::Right))
+        }
+    }
+}
+
+/// What the built-in path takes from the arrival.
+struct BuiltinStart<'a> {
+    request_id: &'a str,
+    headers: &'a axum::http::HeaderMap,
+    body_len: usize,
+    timer: RequestTimer,
+    sampling: kvmesh_llm::openai::SamplingOptions,
+}
+
+/// A request for a model a custom chat processor preprocesses: the processor host renders,
+/// tokenizes and builds the chunks; its generate calls go through the model's seam.
+async fn start_on_processor(
+    hosts: &processor::ProcessorHosts,
+    entry: &Arc<crate::models::ModelEntry>,
+    mut scope: RequestScope,
+    processor_request: Result<ProcessorRequest<'_>, FrontendError>,
+) -> Result<
+    StartedChat<impl Stream<Item = Result<TextDelta, FrontendError>> + Send + use<>>,
+    FrontendError,
+> {
+    let started = match processor_request {
+        Ok(processor_request) => processor::start(hosts, entry, processor_request).await,
+        Err(error) => Err(error),
+    };
+    let deltas = match started {
+        Ok(deltas) => deltas,
+        Err(error) => {
+            scope.finish(Some(&error));
+            return Err(error);
+        }
+    };
+    Ok(StartedChat {
+        deltas,
+        scope,
+        model: entry.name.clone(),
+        nvext: None,
+        prompt_tokens: 0,
+        logprobs: None,
+    })
+}
+
+/// The built-in chat path: template, tokenizer, token budget, the seam, output parsing.
+async fn start_builtin(
+    state: &Arc<AppState>,
+    request: &Arc<ChatCompletionRequest>,
+    entry: Arc<crate::models::ModelEntry>,
+    mut scope: RequestScope,
+    arrival: BuiltinStart<'_>,
+) -> Result<
+    StartedChat<impl Stream<Item = Result<TextDelta, FrontendError>> + Send + use<>>,
+    FrontendError,
+> {
+    let BuiltinStart {
+        request_id,
+        headers,
+        body_len,
+        mut timer,
+        sampling,
+    } = arrival;
+    let stream = request.is_stream();
     let started = async {
         let EncodedPrompt { ids: prompt, cuts } = entry
             .pipeline

@@ -4,7 +4,7 @@
 //! `x-request-id` on whatever goes out. Each endpoint writes only what is its own.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -27,6 +27,10 @@ pub(crate) enum ErrorShape {
     Anthropic,
 }
 
+/// Response headers set while serving (a chat processor's `context.set_response_header`),
+/// added to whatever response goes out, error responses included.
+pub(crate) type ResponseHeaders = Arc<Mutex<Vec<(String, String)>>>;
+
 /// What an endpoint needs alongside its parsed request.
 pub(crate) struct Arrival<'a> {
     /// The client's `x-request-id`, or a new one.
@@ -39,6 +43,8 @@ pub(crate) struct Arrival<'a> {
     pub timer: RequestTimer,
     /// What is known before the request's scope exists, for counting a failure.
     pub early: &'a mut EarlyRequest,
+    /// Headers to add to the response.
+    pub response_headers: &'a ResponseHeaders,
 }
 
 /// One generating endpoint: its request type and what it does with a parsed request.
@@ -71,7 +77,16 @@ pub(crate) async fn serve<E: Endpoint>(
 ) -> Response {
     let request_id = request_id(&headers);
     let mut early = EarlyRequest::default();
-    let response = match receive::<E>(&state, &request_id, &headers, body, &mut early).await {
+    let response_headers = ResponseHeaders::default();
+    let received = receive::<E>(
+        &state,
+        &request_id,
+        &headers,
+        body,
+        &mut early,
+        &response_headers,
+    );
+    let response = match received.await {
         Ok(response) => response,
         Err(error) => {
             early.count_failure(&state, E::NAME, &error);
@@ -83,7 +98,22 @@ pub(crate) async fn serve<E: Endpoint>(
             }
         }
     };
-    with_request_id(response, &request_id)
+    with_request_id(with_headers(response, &response_headers), &request_id)
+}
+
+/// Adds the headers set while serving (checked by the processor host; one that is still not a
+/// valid header is skipped).
+fn with_headers(mut response: Response, headers: &ResponseHeaders) -> Response {
+    let headers = std::mem::take(&mut *headers.lock().unwrap_or_else(PoisonError::into_inner));
+    for (name, value) in headers {
+        if let (Ok(name), Ok(value)) = (
+            axum::http::HeaderName::from_bytes(name.as_bytes()),
+            axum::http::HeaderValue::from_str(&value),
+        ) {
+            response.headers_mut().append(name, value);
+        }
+    }
+    response
 }
 
 async fn receive<E: Endpoint>(
@@ -92,6 +122,7 @@ async fn receive<E: Endpoint>(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
     early: &mut EarlyRequest,
+    response_headers: &ResponseHeaders,
 ) -> Result<Response, FrontendError> {
     state.check_accepting()?;
     let timer = RequestTimer::start(&state.preprocess);
@@ -107,6 +138,7 @@ async fn receive<E: Endpoint>(
         body_len,
         timer,
         early,
+        response_headers,
     };
     E::handle(state, request, arrival).await
 }

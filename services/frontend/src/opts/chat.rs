@@ -76,6 +76,11 @@ pub struct ChatOpts {
     #[arg(long, env = "DYN_CHAT_PROCESSOR_CONFIG", default_value = "{}", value_parser = json_object)]
     pub dyn_chat_processor_config: String,
 
+    /// With a custom chat processor, start a `kvmesh-processor-host` child with this process's
+    /// options (kvmesh addition); `false` uses only the hosts found in discovery.
+    #[arg(long, env = "KVMESH_SPAWN_PROCESSOR_HOST", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub spawn_processor_host: bool,
+
     /// Trusted route extension: an entry point name or `module:function` (repeatable; the
     /// variable takes a whitespace-separated list).
     #[arg(
@@ -126,6 +131,11 @@ impl ChatOpts {
         )
     }
 
+    /// The custom chat processor's name: `None` for the built-in `dynamo` preprocessing.
+    pub fn custom_processor(&self) -> Option<&str> {
+        (self.dyn_chat_processor != "dynamo").then_some(self.dyn_chat_processor.as_str())
+    }
+
     /// Whether `--interactive` is on.
     pub fn interactive(&self) -> bool {
         negatable(self.interactive, self.no_interactive)
@@ -165,12 +175,6 @@ impl ChatOpts {
             later(
                 "--enable-streaming-reasoning-dispatch",
                 "sends no reasoning_dispatch events",
-            );
-        }
-        if self.dyn_chat_processor != "dynamo" || self.dyn_chat_processor_config != "{}" {
-            later(
-                "--dyn-chat-processor",
-                "renders and parses chat with its built-in preprocessor",
             );
         }
         if !self.frontend_route_extensions.is_empty() {

@@ -1,0 +1,151 @@
+//! Chat requests served by a Python chat processor (`--dyn-chat-processor`): the frontend finds
+//! the live processor hosts of its namespace in discovery, sends each chat request for a
+//! token-input model to one of them over `kvmesh.v1.ChatProcessor`, routes and generates the
+//! preprocessed requests the processor sends back through the model's own routing seam, and
+//! turns the processor's chunks into the text deltas every chat-family framer reads
+//! (docs/processors.md).
+
+/// Discovery component of processor hosts.
+pub const PROCESSOR_COMPONENT: &str = "processor";
+/// Discovery endpoint of processor hosts.
+pub const PROCESSOR_ENDPOINT: &str = "process";
+/// Instance metadata key naming the processor a host runs.
+pub const PROCESSOR_METADATA: &str = "processor";
+/// Where hosts register when `--namespace` is unset, and where the frontend then looks.
+pub const DEFAULT_NAMESPACE: &str = "dynamo";
+
+mod session;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use kvmesh_proto::v1::chat_processor_client::ChatProcessorClient;
+use kvmesh_runtime::discovery::Discovery;
+use kvmesh_runtime::discovery::instances::InstanceList;
+use kvmesh_runtime::{names, net};
+use tokio_util::sync::CancellationToken;
+
+pub(crate) use self::session::{ProcessorRequest, start};
+
+/// How long connecting to a host may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Clone)]
+struct Host {
+    instance_id: u64,
+    client: ChatProcessorClient<tonic::transport::Channel>,
+}
+
+/// The live hosts of one processor in one namespace, kept current from discovery; requests go
+/// round-robin over them. Cloning is cheap.
+#[derive(Clone)]
+pub struct ProcessorHosts {
+    processor: String,
+    hosts: InstanceList<Host>,
+    next: Arc<AtomicUsize>,
+}
+
+impl ProcessorHosts {
+    /// Watches the hosts of `processor` registered in `namespace` until `shutdown`.
+    pub async fn watch(
+        discovery: Arc<dyn Discovery>,
+        namespace: &str,
+        processor: &str,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<Self> {
+        let prefix = format!(
+            "{}{PROCESSOR_COMPONENT}/{PROCESSOR_ENDPOINT}/",
+            names::instances_prefix(Some(namespace))
+        );
+        let wanted = processor.to_owned();
+        let hosts = InstanceList::watch(
+            discovery.as_ref(),
+            &prefix,
+            "processor host",
+            move |record| {
+                if record.metadata.get(PROCESSOR_METADATA) != Some(&wanted) {
+                    return None;
+                }
+                let channel = net::mesh_endpoint(&record.address, CONNECT_TIMEOUT)
+                    .ok()?
+                    .connect_lazy();
+                Some(Host {
+                    instance_id: record.instance_id,
+                    client: ChatProcessorClient::new(channel),
+                })
+            },
+            shutdown,
+        )
+        .await?;
+        Ok(Self {
+            processor: processor.to_owned(),
+            hosts,
+            next: Arc::new(AtomicUsize::new(0)),
+        })
+    }
+
+    /// The processor's name.
+    pub fn processor(&self) -> &str {
+        &self.processor
+    }
+
+    /// Hosts live now.
+    pub fn len(&self) -> usize {
+        self.hosts.len()
+    }
+
+    /// Whether no host is live.
+    pub fn is_empty(&self) -> bool {
+        self.hosts.is_empty()
+    }
+
+    /// The next host in turn, if any is live.
+    fn pick(&self) -> Option<Host> {
+        let hosts = self.hosts.load();
+        if hosts.is_empty() {
+            return None;
+        }
+        let turn = self.next.fetch_add(1, Ordering::Relaxed);
+        Some(hosts[turn % hosts.len()].clone())
+    }
+}
+
+/// Set in a host's environment by the frontend that started it: the host stops when its
+/// standard input closes (the frontend is gone).
+pub const PARENT_PIPE_ENV: &str = "KVMESH_PROCESSOR_HOST_PARENT_PIPE";
+
+/// Starts a `kvmesh-processor-host` child with this process's own arguments (so its `config`
+/// is this frontend's), binding an ephemeral port and registering in the same discovery. The
+/// returned task ends when the child does (an error) or stops it when `stop` fires; the child
+/// also ends when this process does.
+pub fn spawn_host(
+    stop: CancellationToken,
+) -> anyhow::Result<impl std::future::Future<Output = anyhow::Result<()>>> {
+    let binary = std::env::current_exe()
+        .ok()
+        .map(|exe| exe.with_file_name("kvmesh-processor-host"))
+        .filter(|path| path.exists())
+        .unwrap_or_else(|| std::path::PathBuf::from("kvmesh-processor-host"));
+    let mut child = tokio::process::Command::new(&binary)
+        .args(std::env::args_os().skip(1))
+        .env("DYN_TCP_RPC_PORT", "0")
+        .env(PARENT_PIPE_ENV, "1")
+        .stdin(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("start {}: {e}", binary.display()))?;
+    tracing::info!(pid = child.id(), "processor host started");
+    // `wait` would close the child's stdin first: the pipe is held here until the child ends.
+    let stdin = child.stdin.take();
+    Ok(async move {
+        tokio::select! {
+            status = child.wait() => anyhow::bail!("the processor host exited ({})", status?),
+            () = stop.cancelled() => {}
+        }
+        // Closing its input stops the host, which drains and unregisters.
+        drop(stdin);
+        let _ = tokio::time::timeout(Duration::from_secs(2), child.wait()).await;
+        Ok(())
+    })
+}

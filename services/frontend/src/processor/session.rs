@@ -1,0 +1,450 @@
+//! One chat request on a processor host: the `Process` stream, the generate calls it asks for
+//! (each run through the model's routing seam, its worker output relayed back), and the
+//! processor's chunks read as text deltas.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, PoisonError};
+use std::time::Duration;
+
+use futures::Stream;
+use kvmesh_core::ErrorCode;
+use kvmesh_llm::openai::{ChatCompletionChunk, ChatCompletionRequest};
+use kvmesh_proto::v1::{
+    CallOutput, ChunkMetrics, GenerateCall, ProcessDown, ProcessError, ProcessStart, ProcessUp,
+    call_output, process_down, process_up,
+};
+use kvmesh_router::FirstResponseWait;
+use kvmesh_routing::RoutingHints;
+use kvmesh_runtime::GrpcErrorCode as _;
+use tokio::sync::mpsc;
+use tokio::task::{AbortHandle, JoinSet};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Streaming;
+
+use super::ProcessorHosts;
+use crate::error::FrontendError;
+use crate::generate::{TextDelta, TokenUsage};
+use crate::http::ResponseHeaders;
+use crate::models::ModelEntry;
+
+/// Messages to the host waiting to be sent; worker output waits here when the host is slow.
+const UP_QUEUE: usize = 256;
+
+/// What one processor request needs besides the model.
+pub(crate) struct ProcessorRequest<'a> {
+    /// The chat request (Responses and Messages requests translated to it).
+    pub request: &'a ChatCompletionRequest,
+    /// The frontend's request id.
+    pub request_id: &'a str,
+    /// Routing hints from the request's headers and `nvext`; the processor's own win.
+    pub hints: RoutingHints,
+    /// Where the response headers the processor sets go (complete once the first chunk was
+    /// read; for a unary request, once the deltas ended).
+    pub headers: ResponseHeaders,
+    /// Whether response headers the processor sets can still be sent (chat completions, unary or
+    /// with a pre-commit peek).
+    pub headers_allowed: bool,
+    /// How long to read the processor's stream before committing: until the first chunk (or
+    /// error) at most this long; `None` commits at once.
+    pub peek: Option<Duration>,
+    /// The worker silence limit of each generate call.
+    pub response_timeout: Option<Duration>,
+}
+
+/// Token counts of the request's calls, kept by the call pumps.
+#[derive(Default)]
+struct Totals {
+    prompt: AtomicU32,
+    completion: AtomicU32,
+    cached: AtomicU32,
+}
+
+impl Totals {
+    /// The usage: what the processor reported wins over the frontend's own counts.
+    fn usage(&self, reported: &ChunkMetrics, chunk_usage: Option<TokenUsage>) -> TokenUsage {
+        if let Some(usage) = chunk_usage {
+            return usage;
+        }
+        TokenUsage {
+            prompt_tokens: reported
+                .input_tokens
+                .unwrap_or_else(|| self.prompt.load(Ordering::Relaxed)),
+            completion_tokens: reported
+                .output_tokens
+                .unwrap_or_else(|| self.completion.load(Ordering::Relaxed)),
+            cached_tokens: reported
+                .cached_tokens
+                .unwrap_or_else(|| self.cached.load(Ordering::Relaxed)),
+        }
+    }
+}
+
+/// The request's state on this side of the stream.
+struct Session {
+    entry: Arc<ModelEntry>,
+    up: mpsc::Sender<ProcessUp>,
+    hints: RoutingHints,
+    response_timeout: Option<Duration>,
+    calls: JoinSet<()>,
+    by_id: HashMap<u64, AbortHandle>,
+    totals: Arc<Totals>,
+    metrics: ChunkMetrics,
+    headers: ResponseHeaders,
+    headers_allowed: bool,
+    chunk_usage: Option<TokenUsage>,
+}
+
+/// What one message from the host means for the client.
+enum Step {
+    /// A chunk to read deltas from.
+    Chunk(Vec<u8>),
+    /// Nothing for the client.
+    Quiet,
+    /// The processor failed.
+    Failed(FrontendError),
+}
+
+fn host_failure(status: &tonic::Status) -> FrontendError {
+    let code = ErrorCode::of_status(status);
+    FrontendError::Worker {
+        code: if code == ErrorCode::Internal {
+            ErrorCode::Unavailable
+        } else {
+            code
+        },
+        message: format!("chat processor host: {}", status.message()),
+    }
+}
+
+/// The client-facing error of a processor's failure (docs/processors.md, "Errors").
+fn processor_error(error: ProcessError) -> FrontendError {
+    if error.http_status != 0 {
+        return FrontendError::ProcessorStatus {
+            status: u16::try_from(error.http_status).unwrap_or(500),
+            detail: error.message,
+        };
+    }
+    match ErrorCode::from_name(&error.error_code).unwrap_or(ErrorCode::Internal) {
+        ErrorCode::InvalidArgument => FrontendError::invalid(error.message, None),
+        ErrorCode::Internal => FrontendError::Internal(error.message),
+        code => FrontendError::Worker {
+            code,
+            message: error.message,
+        },
+    }
+}
+
+impl Session {
+    fn on_message(&mut self, message: ProcessDown) -> Step {
+        match message.kind {
+            Some(process_down::Kind::ChunkJson(json)) => return Step::Chunk(json),
+            Some(process_down::Kind::Generate(call)) => self.start_call(call),
+            Some(process_down::Kind::CancelCall(call_id)) => {
+                if let Some(call) = self.by_id.remove(&call_id) {
+                    call.abort();
+                }
+            }
+            Some(process_down::Kind::Header(header)) if self.headers_allowed => {
+                self.headers
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push((header.name, header.value));
+            }
+            Some(process_down::Kind::Header(_)) => {}
+            Some(process_down::Kind::Metrics(metrics)) => {
+                let merge = |new: Option<u32>, old: Option<u32>| new.or(old);
+                self.metrics = ChunkMetrics {
+                    input_tokens: merge(metrics.input_tokens, self.metrics.input_tokens),
+                    output_tokens: merge(metrics.output_tokens, self.metrics.output_tokens),
+                    chunk_tokens: metrics.chunk_tokens,
+                    cached_tokens: merge(metrics.cached_tokens, self.metrics.cached_tokens),
+                };
+            }
+            Some(process_down::Kind::Error(error)) => return Step::Failed(processor_error(error)),
+            None => {}
+        }
+        Step::Quiet
+    }
+
+    fn start_call(&mut self, call: GenerateCall) {
+        let call_id = call.call_id;
+        let mut hints = self.hints.clone();
+        let wire = call.request.as_ref().and_then(|r| r.routing.as_ref());
+        let own = kvmesh_router::wire::hints_from_proto(
+            wire,
+            &call.allowed_worker_ids,
+            call.session_bind_ttl_secs,
+            None,
+        );
+        hints.backend_instance_id = own.backend_instance_id.or(hints.backend_instance_id);
+        hints.dp_rank = own.dp_rank.or(hints.dp_rank);
+        hints.allowed_worker_ids = own.allowed_worker_ids.or(hints.allowed_worker_ids);
+        if own.priority != 0 {
+            hints.priority = own.priority;
+        }
+        hints.expected_output_tokens = own.expected_output_tokens.or(hints.expected_output_tokens);
+        hints.session_id = own.session_id.or(hints.session_id);
+        hints.session_bind_ttl = own.session_bind_ttl.or(hints.session_bind_ttl);
+        let pump = pump_call(
+            self.entry.clone(),
+            call,
+            hints,
+            self.response_timeout,
+            self.up.clone(),
+            self.totals.clone(),
+        );
+        let handle = self.calls.spawn(pump);
+        self.by_id.insert(call_id, handle);
+    }
+
+    /// Deltas of one chunk; a chunk that is not a chat-completion chunk fails the request.
+    fn deltas(&mut self, json: &[u8]) -> Result<Vec<TextDelta>, FrontendError> {
+        let chunk: ChatCompletionChunk<'_> = serde_json::from_slice(json).map_err(|error| {
+            FrontendError::Internal(format!(
+                "the chat processor yielded something that is not a chat-completion chunk: {error}"
+            ))
+        })?;
+        if let Some(Some(usage)) = chunk.usage {
+            self.chunk_usage = Some(TokenUsage {
+                prompt_tokens: usage.prompt_tokens,
+                completion_tokens: usage.completion_tokens,
+                cached_tokens: usage
+                    .prompt_tokens_details
+                    .map(|details| details.cached_tokens)
+                    .unwrap_or(0),
+            });
+        }
+        Ok(chunk
+            .choices
+            .into_iter()
+            .map(|choice| {
+                let delta = choice.delta;
+                TextDelta {
+                    index: choice.index,
+                    text: delta.content.map(|c| c.into_owned()).unwrap_or_default(),
+                    reasoning: delta
+                        .reasoning_content
+                        .or(delta.reasoning)
+                        .map(|r| r.into_owned())
+                        .unwrap_or_default(),
+                    finish_reason: choice.finish_reason,
+                    tool_calls: delta.tool_calls.unwrap_or_default(),
+                    ..TextDelta::default()
+                }
+            })
+            .collect())
+    }
+
+    fn usage(&self) -> TokenUsage {
+        self.totals.usage(&self.metrics, self.chunk_usage)
+    }
+}
+
+/// Runs one generate call through the seam and relays its output to the host.
+async fn pump_call(
+    entry: Arc<ModelEntry>,
+    call: GenerateCall,
+    hints: RoutingHints,
+    response_timeout: Option<Duration>,
+    up: mpsc::Sender<ProcessUp>,
+    totals: Arc<Totals>,
+) {
+    let call_id = call.call_id;
+    let send = |kind: call_output::Kind| {
+        let up = up.clone();
+        async move {
+            let message = ProcessUp {
+                kind: Some(process_up::Kind::Output(CallOutput {
+                    call_id,
+                    kind: Some(kind),
+                })),
+            };
+            up.send(message).await.is_ok()
+        }
+    };
+    let failed = |error: FrontendError| {
+        call_output::Kind::Error(ProcessError {
+            error_code: error.code().name().to_owned(),
+            http_status: 0,
+            message: error.public_message(),
+        })
+    };
+    let Some(request) = call.request else {
+        send(failed(FrontendError::invalid(
+            "a generate call without a request",
+            None,
+        )))
+        .await;
+        return;
+    };
+    totals
+        .prompt
+        .fetch_add(request.token_ids.len() as u32, Ordering::Relaxed);
+    let started = crate::generate::start(
+        &entry,
+        request,
+        hints,
+        Vec::new(),
+        response_timeout,
+        FirstResponseWait::None,
+    )
+    .await;
+    let mut generation = match started {
+        Ok(generation) => generation,
+        Err(error) => {
+            send(failed(error)).await;
+            return;
+        }
+    };
+    while let Some(item) = generation.next().await {
+        match item {
+            Ok(response) => {
+                totals
+                    .completion
+                    .fetch_add(response.token_ids.len() as u32, Ordering::Relaxed);
+                if let Some(usage) = &response.usage {
+                    totals.cached.store(usage.cached_tokens, Ordering::Relaxed);
+                }
+                if !send(call_output::Kind::Response(response)).await {
+                    return;
+                }
+            }
+            Err(error) => {
+                send(failed(error.into())).await;
+                return;
+            }
+        }
+    }
+    send(call_output::Kind::End(true)).await;
+}
+
+/// Starts `processor_request` for `entry` on one of `hosts`. With a peek (or for a request
+/// whose headers count) the processor's stream is read up to its first chunk before this
+/// returns, so an early failure is an error status and the headers are known.
+pub(crate) async fn start(
+    hosts: &ProcessorHosts,
+    entry: &Arc<ModelEntry>,
+    processor_request: ProcessorRequest<'_>,
+) -> Result<impl Stream<Item = Result<TextDelta, FrontendError>> + Send + use<>, FrontendError> {
+    let host = hosts.pick().ok_or_else(|| FrontendError::Worker {
+        code: ErrorCode::Unavailable,
+        message: format!("no live chat processor host for {:?}", hosts.processor()),
+    })?;
+    let request_json = serde_json::to_vec(processor_request.request)
+        .map_err(|e| FrontendError::Internal(format!("chat request to JSON: {e}")))?;
+    let (up, up_rx) = mpsc::channel(UP_QUEUE);
+    let start = ProcessStart {
+        request_id: processor_request.request_id.to_owned(),
+        model: entry.name.clone(),
+        request_json,
+        headers_allowed: processor_request.headers_allowed,
+        ..Default::default()
+    };
+    up.send(ProcessUp {
+        kind: Some(process_up::Kind::Start(start)),
+    })
+    .await
+    .map_err(|_| FrontendError::Internal("processor stream closed".into()))?;
+    let mut client = host.client.clone();
+    let mut down: Streaming<ProcessDown> = client
+        .process(ReceiverStream::new(up_rx))
+        .await
+        .map_err(|status| host_failure(&status))?
+        .into_inner();
+    tracing::debug!(host = %format!("{:x}", host.instance_id), "processor request started");
+    let mut session = Session {
+        entry: entry.clone(),
+        up,
+        hints: processor_request.hints,
+        response_timeout: processor_request.response_timeout,
+        calls: JoinSet::new(),
+        by_id: HashMap::new(),
+        totals: Arc::new(Totals::default()),
+        metrics: ChunkMetrics::default(),
+        headers: processor_request.headers,
+        headers_allowed: processor_request.headers_allowed,
+        chunk_usage: None,
+    };
+    let mut early = VecDeque::new();
+    let mut is_ended = false;
+    if let Some(peek) = processor_request.peek {
+        let deadline = tokio::time::Instant::now() + peek;
+        loop {
+            let message = match tokio::time::timeout_at(deadline, down.message()).await {
+                Err(_) => break,
+                Ok(Ok(Some(message))) => message,
+                Ok(Ok(None)) => {
+                    is_ended = true;
+                    break;
+                }
+                Ok(Err(status)) => return Err(host_failure(&status)),
+            };
+            match session.on_message(message) {
+                Step::Chunk(json) => {
+                    early.push_back(json);
+                    break;
+                }
+                Step::Quiet => {}
+                Step::Failed(error) => return Err(error),
+            }
+        }
+    }
+    let deltas = async_stream::stream! {
+        // The last delta that finished a choice is held back: the usage rides on the last one.
+        let mut held: Option<TextDelta> = None;
+        let mut failure = None;
+        loop {
+            let json = if let Some(json) = early.pop_front() {
+                json
+            } else if is_ended {
+                break;
+            } else {
+                match down.message().await {
+                    Ok(Some(message)) => match session.on_message(message) {
+                        Step::Chunk(json) => json,
+                        Step::Quiet => continue,
+                        Step::Failed(error) => {
+                            failure = Some(error);
+                            break;
+                        }
+                    },
+                    Ok(None) => break,
+                    Err(status) => {
+                        failure = Some(host_failure(&status));
+                        break;
+                    }
+                }
+            };
+            match session.deltas(&json) {
+                Ok(deltas) => {
+                    for delta in deltas {
+                        if let Some(previous) = held.take() {
+                            yield Ok(previous);
+                        }
+                        if delta.finish_reason.is_some() {
+                            held = Some(delta);
+                        } else {
+                            yield Ok(delta);
+                        }
+                    }
+                }
+                Err(error) => {
+                    failure = Some(error);
+                    break;
+                }
+            }
+        }
+        if let Some(mut last) = held.take() {
+            if failure.is_none() {
+                last.usage = Some(session.usage());
+            }
+            yield Ok(last);
+        }
+        if let Some(error) = failure {
+            yield Err(error);
+        }
+        drop(session);
+    };
+    Ok(deltas)
+}

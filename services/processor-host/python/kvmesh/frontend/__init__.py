@@ -1,0 +1,1 @@
+"""Namespace of the frontend's extension points (`dynamo.frontend` when Dynamo is not installed)."""

@@ -1,0 +1,121 @@
+//! The processor host: a Python chat processor written for Dynamo (`--dyn-chat-processor`)
+//! inside an embedded CPython, serving `kvmesh.v1.ChatProcessor` to the frontends of its
+//! namespace (docs/processors.md).
+//!
+//! It takes the frontend's own flags, so the processor's `config` holds every frontend option; it
+//! builds one engine per token-input model it sees in discovery, registers as
+//! `processor/process` with `processor=<name>` in its metadata once serving, and routes nothing
+//! itself: every `routed_engine.generate` goes back to the frontend that sent the request.
+
+mod convert;
+mod models;
+mod python;
+mod service;
+
+use std::net::SocketAddr;
+
+use anyhow::Context;
+use kvmesh_frontend::opts::FrontendOpts;
+use kvmesh_proto::v1::chat_processor_server::ChatProcessorServer;
+use kvmesh_router::fleet::{NamespaceFilter, watch_fleet};
+use kvmesh_runtime::connect;
+use kvmesh_runtime::discovery::registry::{Registry, instance_record};
+use kvmesh_runtime::lifecycle::{Drain, ServiceLifecycle};
+use tokio_util::sync::CancellationToken;
+
+pub use kvmesh_frontend::processor::{
+    DEFAULT_NAMESPACE, PROCESSOR_COMPONENT, PROCESSOR_ENDPOINT, PROCESSOR_METADATA,
+};
+
+/// Runs the host until `shutdown`. `config` is every resolved option by field name (the
+/// processor's `config` object).
+pub async fn run(
+    opts: FrontendOpts,
+    config: serde_json::Value,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let chat = &opts.frontend.chat;
+    let processor = chat.dyn_chat_processor.clone();
+    if processor == "dynamo" {
+        anyhow::bail!(
+            "--dyn-chat-processor is `dynamo` (the built-in preprocessing): the processor host needs a Python processor"
+        );
+    }
+    let python = python::PythonHost::start(
+        &processor,
+        &config.to_string(),
+        &chat.dyn_chat_processor_config,
+    )
+    .unwrap_or_else(|message| kvmesh_runtime::config::exit_config_error(&message));
+    tracing::info!(processor = %processor, "chat processor loaded");
+
+    let namespace = opts
+        .frontend
+        .namespace
+        .clone()
+        .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
+    if std::env::var_os(kvmesh_frontend::processor::PARENT_PIPE_ENV).is_some() {
+        stop_when_parent_leaves(shutdown.clone());
+    }
+    let discovery = connect::discovery(&opts.runtime, None).await?;
+    let mut lifecycle = ServiceLifecycle::new("processor-host");
+    lifecycle.spawn(watch_fleet(
+        discovery.clone(),
+        NamespaceFilter::from_flags(
+            opts.frontend.namespace.as_deref(),
+            opts.frontend.namespace_prefix.as_deref(),
+        ),
+        models::ProcessorModels::new(python.clone()),
+        lifecycle.stop_token(),
+    ));
+
+    let bind: SocketAddr = format!(
+        "{}:{}",
+        opts.runtime.tcp_rpc_host, opts.runtime.tcp_rpc_port
+    )
+    .parse()
+    .with_context(|| format!("--tcp-rpc-host {}", opts.runtime.tcp_rpc_host))?;
+    let listener = tokio::net::TcpListener::bind(bind)
+        .await
+        .with_context(|| format!("bind the processor host's gRPC on {bind}"))?;
+    let address = listener.local_addr()?;
+    let service = service::ProcessorService::new(python);
+    let inflight = service.inflight();
+    lifecycle.serve_grpc(
+        listener,
+        tonic::service::Routes::new(ChatProcessorServer::new(service)),
+    );
+    let mut record = instance_record(
+        &namespace,
+        PROCESSOR_COMPONENT,
+        PROCESSOR_ENDPOINT,
+        &address.to_string(),
+        "grpc",
+    );
+    record
+        .metadata
+        .insert(PROCESSOR_METADATA.to_owned(), processor.clone());
+    Registry::new(discovery.clone())
+        .register_instance(&record)
+        .await?;
+    lifecycle.registered(discovery);
+    tracing::info!(%address, %namespace, processor = %processor, "processor host serving");
+    let drain = Drain {
+        limit: std::time::Duration::from_secs(
+            opts.frontend.http.http_graceful_shutdown_timeout_secs,
+        ),
+        inflight: &[inflight],
+    };
+    Ok(lifecycle.run(&shutdown, drain, || {}).await?)
+}
+
+/// A host started by a frontend stops when the frontend is gone: its end of our standard input
+/// closes.
+fn stop_when_parent_leaves(shutdown: CancellationToken) {
+    std::thread::spawn(move || {
+        let mut sink = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+        tracing::info!("the frontend that started this host is gone, stopping");
+        shutdown.cancel();
+    });
+}

@@ -1,0 +1,78 @@
+"""A processor whose last user message picks a behaviour: an exception of the error table, a
+response header, or (anything else) the seed processor's answer."""
+import asyncio
+import time
+
+from dynamo.llm import HttpError, PythonAsyncEngine
+from dynamo.llm.exceptions import InvalidArgument
+
+from seed_processor import MyChatEngine
+
+
+def _chunk(request, text, finish=None):
+    return {"id": "chatcmpl-errors", "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": request["model"],
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": finish}]}
+
+
+RAISES = {
+    "invalid": lambda: InvalidArgument("the request is not acceptable here"),
+    "http418": lambda: HttpError(418, "secret-418 detail"),
+    "http529": lambda: HttpError(529, "secret-529 detail"),
+    "http502": lambda: HttpError(502, "secret-502 detail"),
+    "value": lambda: ValueError("a value problem"),
+    "type": lambda: TypeError("a type problem"),
+    "timeout": lambda: TimeoutError("too slow"),
+    "refused": lambda: ConnectionRefusedError("nobody home"),
+    "connection": lambda: ConnectionResetError("reset"),
+    "other": lambda: RuntimeError("secret-runtime detail"),
+}
+
+
+class ErrorsEngine:
+    def __init__(self, seed, routed_engine):
+        self._seed = seed
+        self._routed_engine = routed_engine
+
+    async def generate(self, request, context=None):
+        command = request["messages"][-1]["content"]
+        if command in RAISES:
+            raise RAISES[command]()
+        if command.startswith("header"):
+            if command == "header-reserved":
+                context.set_response_header("Content-Type", "text/plain")
+            carried = context.set_response_header("x-processor", "yes")
+            if command == "header-then-raise":
+                raise InvalidArgument("refused after a header")
+            yield _chunk(request, f"header={carried}")
+            late = context.set_response_header("x-late", "no")
+            yield _chunk(request, f" late={late}", "stop")
+            return
+        if command == "bad-chunk":
+            yield {"not": "a chunk"}
+            return
+        if command == "routed-invalid":
+            stream = await self._routed_engine.generate({"token_ids": "not a list"}, context=context)
+            async for _ in stream:
+                pass
+            return
+        if command == "slow":
+            # Streams one token at a time until the client goes away.
+            preprocessed = {"model": request["model"], "token_ids": [1, 2, 3, 4],
+                            "stop_conditions": {"max_tokens": 5000}}
+            stream = await self._routed_engine.generate(preprocessed, context=context)
+            async for item in stream:
+                yield _chunk(request, "x")
+            return
+        async for chunk in self._seed.generate(request, context):
+            yield chunk
+
+
+def provider(config, options):
+    assert config.namespace, "config carries the frontend's options"
+
+    async def factory(instance_id, mdc, routed_engine):
+        seed = MyChatEngine(routed_engine, options, mdc)
+        return PythonAsyncEngine(ErrorsEngine(seed, routed_engine).generate, asyncio.get_running_loop())
+
+    return factory

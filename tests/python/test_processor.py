@@ -1,0 +1,185 @@
+"""Python chat processors written for Dynamo, run unchanged by kvmesh-processor-host: real
+frontend, host and mocker processes over a real etcd and NATS, driven by the openai and anthropic
+SDKs."""
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import requests
+
+from conftest import BIN_DIR, ROOT, start_distributed, wait_until
+
+PROCESSORS = ROOT / "tests" / "python" / "processors"
+
+
+def python_env(extra_path=()):
+    """The host's Python: this test's virtual environment and the test processors."""
+    return {"VIRTUAL_ENV": sys.prefix, "PYTHONPATH": os.pathsep.join([str(PROCESSORS), *map(str, extra_path)])}
+
+
+def chat(mesh, content, stream=False, **extra):
+    return requests.post(f"{mesh.base_url}/v1/chat/completions", timeout=30, stream=stream, json={
+        "model": "tiny", "messages": [{"role": "user", "content": content}], "max_tokens": 6,
+        "stream": stream, **extra})
+
+
+def wait_processor_ready(mesh):
+    wait_until(lambda: chat(mesh, "ready?").status_code == 200, timeout=30, what="processor engine built")
+
+
+def start_processor_mesh(processor, frontend_args=(), extra_path=(), **kwargs):
+    mesh = start_distributed("etcd", python_env(extra_path),
+                             frontend_args=("--dyn-chat-processor", processor, *frontend_args), **kwargs)
+    try:
+        wait_processor_ready(mesh)
+    except BaseException:
+        mesh.print_logs()
+        mesh.stop()
+        raise
+    return mesh
+
+
+@pytest.fixture(scope="module")
+def seed_mesh():
+    # The frontend starts its own processor host (no host configured).
+    mesh = start_processor_mesh("seed_processor:provider", ("--enable-anthropic-api",))
+    yield mesh
+    mesh.stop()
+
+
+def test_a_dynamo_processor_serves_chat_unary_and_streaming(seed_mesh):
+    client = seed_mesh.client()
+    resp = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hello"}],
+                                          max_tokens=7)
+    assert resp.choices[0].message.content
+    assert resp.choices[0].finish_reason == "length"
+    assert resp.usage.completion_tokens == 7 and resp.usage.prompt_tokens > 0
+    chunks = list(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=5, stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.completion_tokens == 5
+
+
+def test_responses_and_messages_go_through_the_processor(seed_mesh):
+    client = seed_mesh.client()
+    response = client.responses.create(model="tiny", input="hello there", max_output_tokens=5)
+    assert response.output_text and response.usage.output_tokens == 5
+    import anthropic
+    claude = anthropic.Anthropic(base_url=seed_mesh.base_url, api_key="unused", max_retries=0)
+    message = claude.messages.create(model="tiny", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+    assert message.content[0].text and message.usage.output_tokens == 4
+    assert message.stop_reason == "max_tokens"
+    with claude.messages.stream(model="tiny", max_tokens=3, messages=[{"role": "user", "content": "hey"}]) as s:
+        streamed = "".join(s.text_stream)
+    assert streamed
+
+
+def test_completions_keep_the_built_in_path_and_chat_needs_a_live_host(seed_mesh):
+    # Completions never reach the processor: they still work when no host is live.
+    host = subprocess.run(["pgrep", "-f", "kvmesh-processor-host"], capture_output=True, text=True)
+    assert host.stdout.strip(), "the frontend started a processor host"
+    mesh = start_distributed("etcd", python_env(),
+                             frontend_args=("--dyn-chat-processor", "seed_processor:provider",
+                                            "--spawn-processor-host", "false"))
+    try:
+        r = chat(mesh, "hello")
+        assert r.status_code == 503, r.text
+        assert "processor" in r.json()["error"]["message"]
+        comp = mesh.client().completions.create(model="tiny", prompt="kv caches", max_tokens=3)
+        assert comp.usage.completion_tokens == 3
+    finally:
+        mesh.stop()
+
+
+def entry_point_dir():
+    """A directory on PYTHONPATH that registers the seed processor as entry point `seed`."""
+    root = Path(tempfile.mkdtemp(prefix="kvmesh-entry-points-"))
+    info = root / "seed_processor_dist-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: seed-processor-dist\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[dynamo.frontend.chat_processors]\nseed = seed_processor:provider\n")
+    return root
+
+
+def test_an_installed_entry_point_processor_runs_and_unknown_names_list_it():
+    extra = entry_point_dir()
+    mesh = start_processor_mesh("seed", extra_path=[extra], num_workers=1)
+    try:
+        resp = mesh.client().chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                                     max_tokens=3)
+        assert resp.usage.completion_tokens == 3
+    finally:
+        mesh.stop()
+    env = dict(os.environ, **python_env([extra]))
+    failed = subprocess.run([str(BIN_DIR / "kvmesh-processor-host"), "--dyn-chat-processor", "no-such-processor",
+                             "--discovery-backend", "mem"], env=env, capture_output=True, text=True, timeout=30)
+    assert failed.returncode == 2
+    assert "no-such-processor" in failed.stderr and "seed" in failed.stderr, failed.stderr
+
+
+@pytest.fixture(scope="module")
+def errors_mesh():
+    mesh = start_processor_mesh("errors_processor:provider", num_workers=1)
+    yield mesh
+    mesh.stop()
+
+
+@pytest.mark.parametrize("command,status,shown,hidden", [
+    ("invalid", 400, "the request is not acceptable here", None),
+    ("http418", 418, "I'm a teapot", "secret-418"),
+    ("http529", 529, "Overloaded", "secret-529"),
+    ("http502", 500, "Internal Server Error", "secret-502"),
+    ("value", 400, "a value problem", None),
+    ("type", 400, "a type problem", None),
+    ("timeout", 504, None, None),
+    ("refused", 503, None, None),
+    ("connection", 503, None, None),
+    ("other", 500, None, "secret-runtime"),
+    ("bad-chunk", 500, None, None),
+    ("routed-invalid", 400, "token_ids", None),
+])
+def test_each_row_of_the_error_table(errors_mesh, command, status, shown, hidden):
+    r = chat(errors_mesh, command)
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert "error" in body
+    if shown:
+        assert shown in body["error"]["message"]
+    if hidden:
+        assert hidden not in r.text
+
+
+def test_a_processor_sets_a_header_on_a_unary_response(errors_mesh):
+    r = chat(errors_mesh, "header")
+    assert r.status_code == 200
+    assert r.headers.get("x-processor") == "yes"
+    assert r.json()["choices"][0]["message"]["content"] == "header=True late=False"
+    refused = chat(errors_mesh, "header-then-raise")
+    assert refused.status_code == 400 and refused.headers.get("x-processor") == "yes"
+    reserved = chat(errors_mesh, "header-reserved")
+    assert reserved.status_code == 400 and "HTTP layer" in reserved.json()["error"]["message"]
+
+
+def test_a_streaming_header_needs_the_pre_commit_peek(errors_mesh):
+    r = chat(errors_mesh, "header", stream=True)
+    assert r.status_code == 200 and "x-processor" not in r.headers
+    assert "header=False" in r.text
+    mesh = start_distributed("etcd", {**python_env(), "DYN_HTTP_PRE_COMMIT_ERROR_PEEK_MS": "2000"},
+                             num_workers=1, frontend_args=("--dyn-chat-processor", "errors_processor:provider"))
+    try:
+        wait_processor_ready(mesh)
+        r = chat(mesh, "header", stream=True)
+        assert r.status_code == 200 and r.headers.get("x-processor") == "yes"
+        assert "header=True" in r.text and "late=False" in r.text
+        # With the peek an early failure is a status, not an error event.
+        assert chat(mesh, "invalid", stream=True).status_code == 400
+    finally:
+        mesh.stop()
+    # Without it the failure comes inside the 200 stream.
+    r = chat(errors_mesh, "invalid", stream=True)
+    assert r.status_code == 200 and "the request is not acceptable here" in r.text
