@@ -152,6 +152,22 @@ pub struct RuntimeOpts {
 }
 
 impl RuntimeOpts {
+    /// Binds the process's gRPC listener on `--tcp-rpc-host:--tcp-rpc-port` (port 0: any free
+    /// one); `what` names the service in the error.
+    pub async fn bind_rpc(&self, what: &str) -> Result<tokio::net::TcpListener> {
+        let bind: std::net::SocketAddr = format!("{}:{}", self.tcp_rpc_host, self.tcp_rpc_port)
+            .parse()
+            .map_err(|_| {
+                Error::Config(format!(
+                    "--tcp-rpc-host {}: not an address",
+                    self.tcp_rpc_host
+                ))
+            })?;
+        tokio::net::TcpListener::bind(bind)
+            .await
+            .map_err(|e| Error::Config(format!("bind {what} gRPC on {bind}: {e}")))
+    }
+
     /// Refuses choices that are parsed for compatibility but not implemented yet.
     pub fn validate(&self) -> Result<()> {
         if self.discovery_backend == DiscoveryBackend::Kubernetes {

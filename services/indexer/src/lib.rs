@@ -17,7 +17,6 @@ pub mod service;
 pub mod shard;
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -219,15 +218,7 @@ pub async fn run(
         events.clone(),
         stream_name,
     );
-    let bind: SocketAddr = format!(
-        "{}:{}",
-        opts.runtime.tcp_rpc_host, opts.runtime.tcp_rpc_port
-    )
-    .parse()
-    .with_context(|| format!("--tcp-rpc-host {}", opts.runtime.tcp_rpc_host))?;
-    let listener = tokio::net::TcpListener::bind(bind)
-        .await
-        .with_context(|| format!("bind indexer gRPC on {bind}"))?;
+    let listener = opts.runtime.bind_rpc("indexer").await?;
     let address = listener.local_addr()?;
     lifecycle.serve_grpc(
         listener,

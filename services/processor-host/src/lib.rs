@@ -12,9 +12,6 @@ mod models;
 mod python;
 mod service;
 
-use std::net::SocketAddr;
-
-use anyhow::Context;
 use kvmesh_frontend::opts::FrontendOpts;
 use kvmesh_proto::v1::chat_processor_server::ChatProcessorServer;
 use kvmesh_router::fleet::{NamespaceFilter, watch_fleet};
@@ -69,15 +66,7 @@ pub async fn run(
         lifecycle.stop_token(),
     ));
 
-    let bind: SocketAddr = format!(
-        "{}:{}",
-        opts.runtime.tcp_rpc_host, opts.runtime.tcp_rpc_port
-    )
-    .parse()
-    .with_context(|| format!("--tcp-rpc-host {}", opts.runtime.tcp_rpc_host))?;
-    let listener = tokio::net::TcpListener::bind(bind)
-        .await
-        .with_context(|| format!("bind the processor host's gRPC on {bind}"))?;
+    let listener = opts.runtime.bind_rpc("the processor host's").await?;
     let address = listener.local_addr()?;
     let service = service::ProcessorService::new(python);
     let inflight = service.inflight();

@@ -5,7 +5,6 @@
 //! find it; on SIGTERM it unregisters first, then stops.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -109,15 +108,7 @@ pub async fn run(
         ));
     }
 
-    let bind: SocketAddr = format!(
-        "{}:{}",
-        opts.runtime.tcp_rpc_host, opts.runtime.tcp_rpc_port
-    )
-    .parse()
-    .with_context(|| format!("--tcp-rpc-host {}", opts.runtime.tcp_rpc_host))?;
-    let listener = tokio::net::TcpListener::bind(bind)
-        .await
-        .with_context(|| format!("bind router gRPC on {bind}"))?;
+    let listener = opts.runtime.bind_rpc("router").await?;
     let address = listener.local_addr()?;
     let metrics = RouterMetrics::new().context("register metrics")?;
     let service = RouterService::new(table.clone(), metrics.clone());
