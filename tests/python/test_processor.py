@@ -81,8 +81,9 @@ def test_responses_and_messages_go_through_the_processor(seed_mesh):
 
 def test_completions_keep_the_built_in_path_and_chat_needs_a_live_host(seed_mesh):
     # Completions never reach the processor: they still work when no host is live.
-    host = subprocess.run(["pgrep", "-f", "kvmesh-processor-host"], capture_output=True, text=True)
-    assert host.stdout.strip(), "the frontend started a processor host"
+    frontend_log = seed_mesh.procs[0].output()
+    assert "processor host started" in frontend_log and "processor host serving" in frontend_log, \
+        "the frontend started its own processor host"
     mesh = start_distributed("etcd", python_env(),
                              frontend_args=("--dyn-chat-processor", "seed_processor:provider",
                                             "--spawn-processor-host", "false"))
