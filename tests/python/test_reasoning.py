@@ -126,13 +126,14 @@ def test_anthropic_forced_tool_use(mesh):
 def test_responses_function_call_and_reasoning_items(mesh):
     client = mesh.client()
     tools = [{"type": "function", "name": "get_weather", "parameters": WEATHER}]
+    # Greedy, so the stream below draws the same arguments.
     resp = client.responses.create(model="tiny", input="Weather in Paris? Use get_weather.", tools=tools,
-                                   max_output_tokens=200)
+                                   max_output_tokens=200, temperature=0)
     calls = [item for item in resp.output if item.type == "function_call"]
     assert [c.name for c in calls] == ["get_weather"]
     jsonschema.validate(json.loads(calls[0].arguments), WEATHER)
     with client.responses.stream(model="tiny", input="Weather in Paris? Use get_weather.", tools=tools,
-                                 max_output_tokens=200) as stream:
+                                 max_output_tokens=200, temperature=0) as stream:
         final = stream.get_final_response()
     streamed = [item for item in final.output if item.type == "function_call"]
     assert [c.name for c in streamed] == ["get_weather"]

@@ -136,3 +136,15 @@ def test_prompt_logprobs_are_refused_not_left_out(kvmesh_up):
     with pytest.raises(openai.APIStatusError) as err:
         kvmesh_up.client().completions.create(model="tiny", prompt="The cache", max_tokens=2, echo=True, logprobs=1)
     assert err.value.status_code == 501 and "echo" in err.value.body["message"]
+
+
+def test_sampled_n2_json_differs_between_choices_and_greedy_n2_does_not(kvmesh_up):
+    sampled = chat(kvmesh_up, n=2, temperature=1.0, response_format=JSON_SCHEMA_FORMAT)
+    texts = [choice.message.content for choice in sampled.choices]
+    for text in texts:
+        jsonschema.validate(json.loads(text), SCHEMA)
+    assert texts[0] != texts[1]
+    greedy = [chat(kvmesh_up, n=2, temperature=0, response_format=JSON_SCHEMA_FORMAT) for _ in range(2)]
+    greedy_texts = {choice.message.content for resp in greedy for choice in resp.choices}
+    assert len(greedy_texts) == 1
+    jsonschema.validate(json.loads(greedy_texts.pop()), SCHEMA)

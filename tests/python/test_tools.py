@@ -62,7 +62,8 @@ def assert_valid_calls(tool_calls, names):
 
 def test_a_forced_call_unary_and_streamed_in_every_syntax(parser_mesh):
     forced = {"type": "function", "function": {"name": "get_weather"}}
-    resp = chat(parser_mesh, tool_choice=forced)
+    # Greedy, so the stream below draws the same arguments as this unary call.
+    resp = chat(parser_mesh, tool_choice=forced, temperature=0)
     choice = resp.choices[0]
     assert choice.finish_reason == "tool_calls"
     assert choice.message.content is None
@@ -70,7 +71,7 @@ def test_a_forced_call_unary_and_streamed_in_every_syntax(parser_mesh):
     # The SDK's stream helper reassembles the streamed fragments into the same call.
     with parser_mesh.client().chat.completions.stream(
             model="tiny", messages=ask("What is the weather in Paris?"), tools=TOOLS, max_tokens=200,
-            tool_choice=forced) as stream:
+            tool_choice=forced, temperature=0) as stream:
         events = list(stream)
         final = stream.get_final_completion()
     streamed = final.choices[0]

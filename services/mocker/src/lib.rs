@@ -148,7 +148,12 @@ pub async fn run(
             workers_shutdown.clone(),
         )));
 
-        let service = MockWorker::new(ranks, tokenizer.clone(), opts.engine.tool_call_parser);
+        let service = MockWorker::new(
+            ranks,
+            tokenizer.clone(),
+            opts.engine.tool_call_parser,
+            config.seed,
+        );
         inflight.push(service.inflight().clone());
         let is_inproc = embedded.as_ref().is_some_and(|e| !e.grpc_workers);
         let (address, transport) = if is_inproc {

@@ -37,30 +37,46 @@ pub struct MockWorker {
     /// The syntax tool calls are written in (`--dyn-tool-call-parser`); without one the engine
     /// never calls tools.
     tool_format: Option<ToolCallFormat>,
+    /// The engine's seed (`--seed`), which forced output is drawn with as free text is.
+    seed: u64,
 }
 
 impl MockWorker {
     /// Wraps the command channels of a worker's ranks (index = dp rank), the model's
-    /// tokenizer and the syntax its tool calls are written in.
+    /// tokenizer, the syntax its tool calls are written in and the engine's seed.
     pub fn new(
         ranks: Vec<mpsc::UnboundedSender<Command>>,
         tokenizer: Arc<Tokenizer>,
         tool_format: Option<ToolCallFormat>,
+        seed: u64,
     ) -> Self {
         Self {
             ranks: Arc::new(ranks),
             inflight: Inflight::new(),
             tokenizer,
             tool_format,
+            seed,
         }
     }
 
     /// The tokens of the output guided decoding forces, empty when the request is free: JSON
-    /// that validates against the schema, a text the regex matches, or one of the choices.
-    fn forced_output(&self, request: &GenerateRequest) -> Result<Vec<u32>, tonic::Status> {
+    /// that validates against the schema, a text the regex matches, or one of the choices. They
+    /// are drawn as free text is: the same for a greedy or seeded request's prompt, different
+    /// per request otherwise.
+    fn forced_output(
+        &self,
+        request: &GenerateRequest,
+        is_greedy: bool,
+    ) -> Result<Vec<u32>, tonic::Status> {
         let sampling = request.sampling.clone().unwrap_or_default();
         let invalid = |message: String| ErrorCode::InvalidArgument.to_status(message);
-        let mut rng = Xoshiro256::for_prompt(0, &request.token_ids, sampling.seed);
+        let mut rng = Xoshiro256::for_output(
+            self.seed,
+            &request.token_ids,
+            &request.request_id,
+            is_greedy,
+            sampling.seed,
+        );
         let text = match (
             sampling.guided_json_schema,
             sampling.guided_regex,
@@ -127,7 +143,11 @@ impl MockWorker {
                 self.ranks.len()
             ))
         })?;
-        let forced_output = self.forced_output(&request)?;
+        let is_greedy = request
+            .sampling
+            .as_ref()
+            .is_some_and(|sampling| sampling.greedy || sampling.temperature == Some(0.0));
+        let forced_output = self.forced_output(&request, is_greedy)?;
         let stop = request.stop.unwrap_or_default();
         let sampling = request.sampling.unwrap_or_default();
         let engine_request = EngineRequest {
@@ -140,7 +160,7 @@ impl MockWorker {
             ignore_eos: stop.ignore_eos,
             lora_name: Some(request.lora_name).filter(|name| !name.is_empty()),
             sampling: EngineSampling {
-                greedy: sampling.greedy || sampling.temperature == Some(0.0),
+                greedy: is_greedy,
                 seed: sampling.seed,
                 logprobs: request.output.and_then(|output| output.logprobs),
             },

@@ -120,6 +120,24 @@ impl Xoshiro256 {
         Self::from_seed(splitmix64(&mut state) ^ hash)
     }
 
+    /// The generator of a request's output, free text and forced (guided, tool-call) output
+    /// alike: a greedy or seeded request's follows its prompt ([`Self::for_prompt`], the seed
+    /// ignored when greedy), any other request's its id ([`Self::for_request`]), so sampled
+    /// choices differ.
+    pub(crate) fn for_output(
+        seed: u64,
+        prompt: &[u32],
+        request_id: &str,
+        is_greedy: bool,
+        request_seed: Option<u64>,
+    ) -> Self {
+        if is_greedy || request_seed.is_some() {
+            Self::for_prompt(seed, prompt, request_seed.filter(|_| !is_greedy))
+        } else {
+            Self::for_request(seed, request_id)
+        }
+    }
+
     /// A seed for a side generator, derived without advancing this one (so a request's tokens
     /// are the same whether or not it asked for anything drawn on the side).
     pub(crate) fn side_seed(&self) -> u64 {
@@ -237,6 +255,20 @@ mod tests {
         assert_ne!(draw(&[1, 2, 3], None), draw(&[1, 2, 4], None));
         assert_ne!(draw(&[1, 2, 3], None), draw(&[1, 2, 3], Some(0)));
         assert_ne!(draw(&[1, 2, 3], Some(1)), draw(&[1, 2, 3], Some(2)));
+    }
+
+    #[test]
+    fn output_streams_follow_the_prompt_when_greedy_or_seeded_else_the_request() {
+        let draw = |id: &str, is_greedy, seed| {
+            let mut rng = Xoshiro256::for_output(0, &[1, 2, 3], id, is_greedy, seed);
+            (0..4).map(|_| rng.next_u64()).collect::<Vec<_>>()
+        };
+        assert_eq!(draw("a", true, None), draw("b", true, None));
+        assert_eq!(draw("a", true, Some(5)), draw("b", true, None));
+        assert_eq!(draw("a", false, Some(5)), draw("b", false, Some(5)));
+        assert_ne!(draw("a", false, Some(5)), draw("a", false, Some(6)));
+        assert_ne!(draw("a", false, None), draw("b", false, None));
+        assert_eq!(draw("a", false, None), draw("a", false, None));
     }
 
     #[test]

@@ -105,12 +105,13 @@ impl Sequence {
         let hasher = config
             .enable_prefix_caching
             .then(|| BlockHasher::new(block_size, seed_for(lora_name.as_deref(), None)));
-        let rng = if sampling.greedy || sampling.seed.is_some() {
-            let seed = sampling.seed.filter(|_| !sampling.greedy);
-            Xoshiro256::for_prompt(config.seed, &prompt, seed)
-        } else {
-            Xoshiro256::for_request(config.seed, &request_id)
-        };
+        let rng = Xoshiro256::for_output(
+            config.seed,
+            &prompt,
+            &request_id,
+            sampling.greedy,
+            sampling.seed,
+        );
         let logprob_seed = rng.side_seed();
         let mut sequence = Self {
             key,
