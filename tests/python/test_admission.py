@@ -292,3 +292,24 @@ def test_nvext_switch_holds_on_every_endpoint(pin_meshes):
         headed = requests.post(f"{disabled.base_url}{path}", json={"model": "tiny", **body}, timeout=30,
                                headers={"x-dynamo-worker-instance-id": "12345"})
         assert headed.status_code == 200, (path, headed.text)
+
+
+def test_nvext_switch_drops_the_guided_fields_too(pin_meshes):
+    """DYN_DISABLE_FRONTEND_NVEXT ignores nvext.guided_* like every other nvext field (a grammar,
+    501 otherwise, is served; a choice does not constrain); the root-level spellings still apply."""
+    normal, disabled = pin_meshes
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "Pick one."}], "max_tokens": 40}
+    grammar = {**chat, "nvext": {"guided_grammar": "root ::= \"a\""}}
+    assert requests.post(f"{normal.base_url}/v1/chat/completions", json=grammar, timeout=30).status_code == 501
+    r = requests.post(f"{disabled.base_url}/v1/chat/completions", json=grammar, timeout=30)
+    assert r.status_code == 200, r.text
+    choice = {"guided_choice": ["kvmesh-choice-zzz"]}
+    for path, body, text in [("/v1/chat/completions", chat, lambda j: j["choices"][0]["message"]["content"]),
+                             ("/v1/completions", {"model": "tiny", "prompt": "Pick one.", "max_tokens": 40},
+                              lambda j: j["choices"][0]["text"])]:
+        constrained = requests.post(f"{normal.base_url}{path}", json={**body, "nvext": choice}, timeout=30)
+        assert text(constrained.json()) == "kvmesh-choice-zzz", (path, constrained.text)
+        ignored = requests.post(f"{disabled.base_url}{path}", json={**body, "nvext": choice}, timeout=30)
+        assert ignored.status_code == 200 and text(ignored.json()) != "kvmesh-choice-zzz", (path, ignored.text)
+        root = requests.post(f"{disabled.base_url}{path}", json={**body, **choice}, timeout=30)
+        assert text(root.json()) == "kvmesh-choice-zzz", (path, root.text)

@@ -363,3 +363,39 @@ def test_metrics_use_dynamos_names_and_kvmesh_prefix_for_its_own(kvmesh_up):
     assert not any(name.startswith("dynamo_frontend_tokenizer_prefix_cache") for name in after)
     foreign = [n for n in after if not n.startswith(("dynamo_", "kvmesh_", "router_active_sequence"))]
     assert foreign == []
+
+
+def test_fields_this_release_cannot_serve_are_501s_naming_them(kvmesh_up):
+    """No documented field is silently ignored: each one not served answers 501 naming it, and
+    best_of below n is the client's mistake (400 naming best_of)."""
+    m = kvmesh_up
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    for field, value in [("modalities", ["text", "audio"]), ("audio", {"voice": "alloy", "format": "wav"}),
+                         ("prediction", {"type": "content", "content": "x"}), ("web_search_options", {})]:
+        assert_openai_error(post(m, "/v1/chat/completions", json.dumps({**body, field: value})), 501, f"'{field}'")
+    completion = {"model": "tiny", "prompt": "x", "max_tokens": 2}
+    assert_openai_error(post(m, "/v1/completions", json.dumps({**completion, "best_of": 2})), 501, "'best_of'")
+    r = post(m, "/v1/completions", json.dumps({**completion, "n": 2, "best_of": 1}))
+    assert_openai_error(r, 400, "'best_of'")
+    assert r.json()["error"]["param"] == "best_of"
+    assert_openai_error(post(m, "/v1/completions", json.dumps({**completion, "suffix": "end"})), 501, "'suffix'")
+    assert post(m, "/v1/completions", json.dumps({**completion, "n": 2, "best_of": 2})).status_code == 200
+
+
+def test_fields_with_no_effect_on_generation_are_accepted(kvmesh_up):
+    """docs/http-api.md lists these as accepted with no effect; the greedy answer is unchanged."""
+    plain = chat(kvmesh_up, temperature=0).choices[0].message.content
+    extra = {"store": True, "metadata": {"team": "cache"}, "service_tier": "auto", "prompt_cache_key": "k",
+             "safety_identifier": "s", "user": "u", "verbosity": "low", "modalities": ["text"]}
+    same = chat(kvmesh_up, temperature=0, extra_body=extra).choices[0].message.content
+    assert same == plain
+
+
+def test_nvext_greed_sampling_is_greedy_and_a_raw_prompt_is_a_501(kvmesh_up):
+    greedy = chat(kvmesh_up, temperature=0, max_tokens=16).choices[0].message.content
+    forced = chat(kvmesh_up, temperature=1.5, max_tokens=16, extra_body={"nvext": {"greed_sampling": True}})
+    assert forced.choices[0].message.content == greedy
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    for field, value in [("use_raw_prompt", True), ("token_data", [1, 2]), ("annotations", ["query_instance_id:1"])]:
+        r = post(kvmesh_up, "/v1/chat/completions", json.dumps({**body, "nvext": {field: value}}))
+        assert_openai_error(r, 501, f"'nvext.{field}'")

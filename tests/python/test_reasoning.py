@@ -79,6 +79,9 @@ def test_max_thinking_tokens_caps_the_thinking(mesh):
     assert len(words(free.reasoning_content)) > 5
     assert len(words(capped.reasoning_content)) == 5
     assert len(words(capped.content)) > len(words(free.content))
+    # Dynamo's nvext spelling caps alike; the top-level field wins over it.
+    assert thinking(nvext={"max_thinking_tokens": 5}).reasoning_content == capped.reasoning_content
+    assert len(words(thinking(max_thinking_tokens=3, nvext={"max_thinking_tokens": 5}).reasoning_content)) == 3
 
 
 def test_reasoning_field_name_reasoning():

@@ -138,6 +138,30 @@ def test_prompt_logprobs_are_refused_not_left_out(kvmesh_up):
     assert err.value.status_code == 501 and "echo" in err.value.body["message"]
 
 
+def test_root_guided_fields_constrain_chat_and_completions_and_win_over_nvext(kvmesh_up):
+    """vLLM and Dynamo clients send guided_* at the root; the nvext spellings are the deprecated ones."""
+    pattern = r"\d{3}-\d{4}"
+    resp = chat(kvmesh_up, extra_body={"guided_regex": pattern, "guided_decoding_backend": "xgrammar"})
+    assert re.fullmatch(pattern, resp.choices[0].message.content), resp.choices[0].message.content
+    choices = ["alpha", "beta"]
+    resp = chat(kvmesh_up, extra_body={"guided_choice": choices, "nvext": {"guided_choice": ["gamma"]}})
+    assert resp.choices[0].message.content in choices
+    resp = chat(kvmesh_up, extra_body={"guided_json": SCHEMA})
+    jsonschema.validate(json.loads(resp.choices[0].message.content), SCHEMA)
+    text = kvmesh_up.client().completions.create(
+        model="tiny", prompt="A worker:", max_tokens=200, extra_body={"guided_json": json.dumps(SCHEMA)}).choices[0].text
+    jsonschema.validate(json.loads(text), SCHEMA)
+    text = kvmesh_up.client().completions.create(
+        model="tiny", prompt="Pick:", max_tokens=20, extra_body={"guided_choice": choices}).choices[0].text
+    assert text in choices
+    with pytest.raises(openai.BadRequestError) as err:
+        chat(kvmesh_up, extra_body={"guided_regex": "(unclosed"})
+    assert err.value.body["param"] == "guided_regex"
+    with pytest.raises(openai.APIStatusError) as err:
+        chat(kvmesh_up, extra_body={"guided_grammar": "root ::= \"a\""})
+    assert err.value.status_code == 501 and "'guided_grammar'" in err.value.body["message"]
+
+
 def test_sampled_n2_json_differs_between_choices_and_greedy_n2_does_not(kvmesh_up):
     sampled = chat(kvmesh_up, n=2, temperature=1.0, response_format=JSON_SCHEMA_FORMAT)
     texts = [choice.message.content for choice in sampled.choices]

@@ -153,3 +153,26 @@ def test_a_conversation_continues_after_the_tool_result(hermes_mesh):
     ]
     answer = chat(hermes_mesh, messages=messages).choices[0]
     assert answer.message.tool_calls is None and answer.message.content
+
+
+def test_legacy_functions_and_function_call_are_read_as_tools(hermes_mesh):
+    """The deprecated `functions`/`function_call` spelling: the answer still comes as tool_calls."""
+    functions = [tool["function"] for tool in TOOLS]
+    client = hermes_mesh.client()
+    forced = client.chat.completions.create(model="tiny", messages=ask("Hello there."), max_tokens=200,
+                                            functions=functions, function_call={"name": "get_time"}).choices[0]
+    assert forced.finish_reason == "tool_calls"
+    assert_valid_calls(forced.message.tool_calls, ["get_time"])
+    asked = client.chat.completions.create(model="tiny", messages=ask("What is the weather in Paris? Use get_weather."),
+                                           max_tokens=200, functions=functions).choices[0]
+    assert_valid_calls(asked.message.tool_calls, ["get_weather"])
+    none = client.chat.completions.create(model="tiny", messages=ask("Use get_weather for Paris."), max_tokens=200,
+                                          functions=functions, function_call="none").choices[0]
+    assert none.message.tool_calls is None and none.message.content
+    with pytest.raises(openai.BadRequestError) as err:
+        chat(hermes_mesh, functions=functions)
+    assert err.value.body["param"] == "functions"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="tiny", messages=ask("x"), functions=functions,
+                                       function_call="required")
+    assert err.value.body["param"] == "function_call"

@@ -12,11 +12,14 @@ mod common;
 mod completion;
 mod embeddings;
 mod error;
+mod functions;
 mod guided;
 mod logprobs;
 mod models;
+mod nvext;
 mod sampling;
 mod tools;
+mod unsupported;
 
 pub use chat::{ChatCompletionRequest, ChatMessage, ContentPart, MessageContent};
 pub use chat_response::{
@@ -36,7 +39,7 @@ pub use embeddings::{
     EmbeddingObject, EmbeddingValue, EmbeddingsRequest, EmbeddingsResponse, EmbeddingsUsage,
 };
 pub use error::{ErrorCodeValue, ErrorDetail, ErrorResponse, StreamErrorBody};
-pub use guided::{Guided, MAX_GUIDED_CHOICES, guided_decoding};
+pub use guided::{Guided, GuidedFields, MAX_GUIDED_CHOICES, guided_decoding};
 pub use logprobs::{ChatLogprob, ChatLogprobs, CompletionLogprobs, TopLogprob, TopLogprobMap};
 pub use models::{ModelList, ModelObject};
 pub use sampling::{MAX_STOP_SEQUENCES, MAX_TOP_LOGPROBS, SamplingOptions, fit_max_tokens};

@@ -50,6 +50,9 @@ pub struct ChatRenderInput<'a> {
     pub continue_final_message: bool,
     /// `documents` for retrieval templates.
     pub documents: Option<&'a JsonValue>,
+    /// The request's `reasoning_effort`, the template variable of that name (gpt-oss templates
+    /// read it); a `reasoning_effort` in `template_kwargs` wins.
+    pub reasoning_effort: Option<&'a str>,
     /// Extra template variables (`chat_template_kwargs`); they can override special tokens but
     /// not `messages`, `tools`, `documents` or `add_generation_prompt`.
     pub template_kwargs: Option<&'a Map<String, JsonValue>>,
@@ -157,6 +160,7 @@ impl ChatTemplate {
             add_generation_prompt: request.add_generation_prompt() && !continue_final_message,
             continue_final_message,
             documents: request.documents.as_ref(),
+            reasoning_effort: request.reasoning_effort.as_deref(),
             template_kwargs: request.chat_template_kwargs.as_ref(),
         })
     }
@@ -179,6 +183,9 @@ impl ChatTemplate {
         let mut context: Vec<(&str, Value)> = Vec::with_capacity(8);
         for (name, value) in &self.special_tokens {
             context.push((name, Value::from(value.as_str())));
+        }
+        if let Some(effort) = input.reasoning_effort {
+            context.push(("reasoning_effort", Value::from(effort)));
         }
         if let Some(kwargs) = input.template_kwargs {
             for (name, value) in kwargs {

@@ -267,6 +267,14 @@ pub(crate) fn routing_hints(
     Ok(hints)
 }
 
+/// Drops a request's `nvext` under `DYN_DISABLE_FRONTEND_NVEXT`, so every field in it (routing,
+/// guided decoding, the thinking cap, response fields) is ignored alike.
+pub(crate) fn drop_disabled_nvext(settings: &HttpSettings, nvext: &mut Option<serde_json::Value>) {
+    if settings.disable_nvext {
+        *nvext = None;
+    }
+}
+
 /// Adds `x-request-id` to a response.
 pub(crate) fn with_request_id(mut response: Response, request_id: &str) -> Response {
     if let Ok(value) = HeaderValue::from_str(request_id) {

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::common::{Stop, StreamOptions};
-use super::tools::{ChatTool, ResponseFormat, ToolCall, ToolChoice};
+use super::tools::{ChatTool, FunctionDefinition, ResponseFormat, ToolCall, ToolChoice};
 use crate::error::LlmError;
 
 /// A chat completions request: the OpenAI fields, vLLM's sampling extensions and `nvext`.
@@ -76,6 +76,45 @@ pub struct ChatCompletionRequest {
     /// Constrain the output to JSON.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_format: Option<ResponseFormat>,
+    /// vLLM: output validating against this JSON schema (an object or its JSON text); wins over
+    /// `nvext.guided_json`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guided_json: Option<Value>,
+    /// vLLM: output the regular expression matches in full; wins over `nvext.guided_regex`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guided_regex: Option<Value>,
+    /// vLLM: output that is one of these strings; wins over `nvext.guided_choice`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guided_choice: Option<Value>,
+    /// vLLM: a context-free grammar; not supported (501).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guided_grammar: Option<Value>,
+    /// vLLM: the guided decoding backend; accepted, the engine picks its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guided_decoding_backend: Option<String>,
+    /// Legacy spelling of `tools` (functions only); moved there by
+    /// [`ChatCompletionRequest::adopt_legacy_functions`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub functions: Option<Vec<FunctionDefinition>>,
+    /// Legacy spelling of `tool_choice`: `"none"`, `"auto"` or `{"name": ...}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function_call: Option<Value>,
+    /// How hard a reasoning model thinks (`low`, `medium`, `high`, ...); the chat template reads
+    /// it as the variable `reasoning_effort`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_effort: Option<String>,
+    /// Output modalities; only `["text"]` is supported (anything else is a 501).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub modalities: Option<Vec<String>>,
+    /// Audio output options; not supported (501).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audio: Option<Value>,
+    /// Predicted output; not supported (501).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prediction: Option<Value>,
+    /// Web search options; not supported (501).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub web_search_options: Option<Value>,
     /// End-user id, for logs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,

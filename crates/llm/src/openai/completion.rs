@@ -98,6 +98,21 @@ pub struct CompletionRequest {
     /// vLLM: constrain the output to JSON (docs/http-api.md, "Structured output").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_format: Option<ResponseFormat>,
+    /// vLLM: output validating against this JSON schema; wins over `nvext.guided_json`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guided_json: Option<Value>,
+    /// vLLM: output the regular expression matches in full; wins over `nvext.guided_regex`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guided_regex: Option<Value>,
+    /// vLLM: output that is one of these strings; wins over `nvext.guided_choice`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guided_choice: Option<Value>,
+    /// vLLM: a context-free grammar; not supported (501).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guided_grammar: Option<Value>,
+    /// vLLM: the guided decoding backend; accepted, the engine picks its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guided_decoding_backend: Option<String>,
     /// NVIDIA extensions (docs/http-api.md, "nvext").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvext: Option<Value>,

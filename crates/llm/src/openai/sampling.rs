@@ -4,8 +4,10 @@
 use super::chat::ChatCompletionRequest;
 use super::common::Stop;
 use super::completion::CompletionRequest;
-use super::guided::{Guided, guided_decoding};
-use super::tools::{ToolChoice, ToolChoiceMode};
+use super::guided::{Guided, GuidedFields, guided_decoding};
+use super::nvext::nvext_sampling;
+use super::tools::{ResponseFormat, ToolChoice, ToolChoiceMode};
+use super::unsupported::{refuse_chat_fields, refuse_completion_fields, refuse_logit_bias};
 use crate::error::LlmError;
 use crate::stop::{StopMatcher, TokenStopConditions};
 
@@ -104,6 +106,16 @@ struct Common<'a> {
     include_stop_str_in_output: Option<bool>,
     stop_token_ids: Option<&'a [u32]>,
     return_tokens_as_token_ids: Option<bool>,
+    nvext: Option<&'a serde_json::Value>,
+    response_format: Option<&'a ResponseFormat>,
+    guided: GuidedFields<'a>,
+}
+
+impl Common<'_> {
+    /// The guided constraint: `response_format`, the root guided fields, their `nvext` copies.
+    fn guided(&self) -> Result<Option<Guided>, LlmError> {
+        guided_decoding(self.response_format, self.guided, self.nvext)
+    }
 }
 
 impl ChatCompletionRequest {
@@ -126,6 +138,14 @@ impl ChatCompletionRequest {
             include_stop_str_in_output: self.include_stop_str_in_output,
             stop_token_ids: self.stop_token_ids.as_deref(),
             return_tokens_as_token_ids: self.return_tokens_as_token_ids,
+            nvext: self.nvext.as_ref(),
+            response_format: self.response_format.as_ref(),
+            guided: GuidedFields {
+                json: self.guided_json.as_ref(),
+                regex: self.guided_regex.as_ref(),
+                choice: self.guided_choice.as_ref(),
+                grammar: self.guided_grammar.as_ref(),
+            },
         }
     }
 
@@ -154,8 +174,9 @@ impl ChatCompletionRequest {
                 "'continue_final_message' and 'add_generation_prompt' cannot both be true",
             ));
         }
-        guided_decoding(self.response_format.as_ref(), self.nvext.as_ref())?;
+        self.common().guided()?;
         refuse_logit_bias(self.logit_bias.as_ref())?;
+        refuse_chat_fields(self)?;
         self.validate_tool_choice()?;
         at_least("max_thinking_tokens", self.max_thinking_tokens, 0)?;
         validate_common(&self.common())
@@ -192,11 +213,14 @@ impl ChatCompletionRequest {
     pub fn sampling_options(&self) -> SamplingOptions {
         let logprobs =
             (self.logprobs == Some(true)).then(|| to_u32(self.top_logprobs.unwrap_or(0)));
-        let guided = guided_decoding(self.response_format.as_ref(), self.nvext.as_ref())
-            .ok()
-            .flatten();
+        let guided = self.common().guided().ok().flatten();
+        let max_thinking_tokens = self.max_thinking_tokens.or_else(|| {
+            nvext_sampling(self.nvext.as_ref())
+                .ok()
+                .and_then(|nvext| nvext.max_thinking_tokens)
+        });
         SamplingOptions {
-            max_thinking_tokens: self.max_thinking_tokens.map(to_u32),
+            max_thinking_tokens: max_thinking_tokens.map(to_u32),
             ..normalize(&self.common(), logprobs, guided)
         }
     }
@@ -222,6 +246,14 @@ impl CompletionRequest {
             include_stop_str_in_output: self.include_stop_str_in_output,
             stop_token_ids: self.stop_token_ids.as_deref(),
             return_tokens_as_token_ids: self.return_tokens_as_token_ids,
+            nvext: self.nvext.as_ref(),
+            response_format: self.response_format.as_ref(),
+            guided: GuidedFields {
+                json: self.guided_json.as_ref(),
+                regex: self.guided_regex.as_ref(),
+                choice: self.guided_choice.as_ref(),
+                grammar: self.guided_grammar.as_ref(),
+            },
         }
     }
 
@@ -233,57 +265,29 @@ impl CompletionRequest {
         at_least("max_tokens", self.max_tokens, 1)?;
         if let Some(logprobs) = self.logprobs {
             in_int_range("logprobs", logprobs, 0, MAX_TOP_LOGPROBS)?;
-            if self.echo == Some(true) {
-                return Err(LlmError::Unsupported(
-                    "'echo' with 'logprobs' (prompt log probabilities) is not supported".to_owned(),
-                ));
-            }
         }
-        if self
-            .suffix
-            .as_deref()
-            .is_some_and(|suffix| !suffix.is_empty())
-        {
-            return Err(LlmError::Unsupported(
-                "'suffix' is not supported".to_owned(),
+        let n = self.n.unwrap_or(1);
+        if let Some(best_of) = self.best_of.filter(|best_of| *best_of < n) {
+            return Err(LlmError::invalid(
+                "best_of",
+                format!("'best_of' must be at least 'n' ({n}), got {best_of}"),
             ));
         }
-        if self
-            .best_of
-            .is_some_and(|best_of| best_of > self.n.unwrap_or(1))
-        {
-            return Err(LlmError::Unsupported(
-                "'best_of' greater than 'n' is not supported".to_owned(),
-            ));
-        }
-        guided_decoding(self.response_format.as_ref(), self.nvext.as_ref())?;
+        refuse_completion_fields(self)?;
+        self.common().guided()?;
         refuse_logit_bias(self.logit_bias.as_ref())?;
         validate_common(&self.common())
     }
 
     /// The normalized sampling options; call after [`Self::validate`].
     pub fn sampling_options(&self) -> SamplingOptions {
-        let guided = guided_decoding(self.response_format.as_ref(), self.nvext.as_ref())
-            .ok()
-            .flatten();
+        let guided = self.common().guided().ok().flatten();
         normalize(&self.common(), self.logprobs.map(to_u32), guided)
     }
 }
 
-/// `logit_bias` is not in the worker contract yet: a non-empty one is refused rather than
-/// ignored.
-fn refuse_logit_bias(
-    bias: Option<&serde_json::Map<String, serde_json::Value>>,
-) -> Result<(), LlmError> {
-    match bias {
-        Some(bias) if !bias.is_empty() => Err(LlmError::Unsupported(
-            "'logit_bias' is not supported".to_owned(),
-        )),
-        _ => Ok(()),
-    }
-}
-
 fn validate_common(c: &Common<'_>) -> Result<(), LlmError> {
+    nvext_sampling(c.nvext)?;
     at_least("n", c.n, 1)?;
     float_range("temperature", c.temperature, 0.0, 2.0, true)?;
     float_range("top_p", c.top_p, 0.0, 1.0, false)?;
@@ -337,11 +341,16 @@ fn validate_common(c: &Common<'_>) -> Result<(), LlmError> {
 fn normalize(c: &Common<'_>, logprobs: Option<u32>, guided: Option<Guided>) -> SamplingOptions {
     let mut stop_token_ids: Vec<u32> = c.stop.map(|s| s.token_ids().collect()).unwrap_or_default();
     stop_token_ids.extend(c.stop_token_ids.unwrap_or_default());
+    let is_greedy = nvext_sampling(c.nvext).is_ok_and(|nvext| nvext.is_greedy);
     SamplingOptions {
         max_tokens: c.max_tokens.map(to_u32),
         min_tokens: c.min_tokens.map(to_u32).unwrap_or(0),
         n: c.n.map(to_u32).unwrap_or(1),
-        temperature: c.temperature.map(|v| v as f32),
+        temperature: if is_greedy {
+            Some(0.0)
+        } else {
+            c.temperature.map(|v| v as f32)
+        },
         top_p: c.top_p.map(|v| v as f32),
         top_k: c.top_k.filter(|k| *k > 0).map(to_u32),
         min_p: c.min_p.map(|v| v as f32),
@@ -445,3 +454,6 @@ fn float_range(
         format!("Invalid '{param}': expected a value in {open}{min}, {max}], but got {v}."),
     ))
 }
+
+#[cfg(test)]
+mod tests;

@@ -161,6 +161,34 @@ fn kwargs_and_special_tokens_reach_the_template() {
 }
 
 #[test]
+fn reasoning_effort_is_a_template_variable_that_kwargs_override() {
+    let template = ChatTemplate::new(
+        "effort={{ reasoning_effort | default('unset') }}",
+        SpecialTokens::default(),
+    )
+    .unwrap();
+    let request = |body: JsonValue| -> ChatCompletionRequest {
+        let mut base =
+            serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "x"}]});
+        base.as_object_mut()
+            .unwrap()
+            .extend(body.as_object().unwrap().clone());
+        serde_json::from_value(base).unwrap()
+    };
+    let render = |body| template.render_request(&request(body)).unwrap();
+    assert_eq!(render(serde_json::json!({})), "effort=unset");
+    assert_eq!(
+        render(serde_json::json!({"reasoning_effort": "high"})),
+        "effort=high"
+    );
+    assert_eq!(
+        render(serde_json::json!({"reasoning_effort": "high",
+            "chat_template_kwargs": {"reasoning_effort": "low"}})),
+        "effort=low"
+    );
+}
+
+#[test]
 fn continue_final_message_cuts_after_the_last_content() {
     let source = "{% for m in messages %}<{{ m.role }}>{{ m.content }}</end>\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}";
     let template = ChatTemplate::new(source, SpecialTokens::default()).unwrap();

@@ -37,9 +37,14 @@ impl Endpoint for ChatCompletions {
 
     async fn handle(
         state: &Arc<AppState>,
-        request: ChatCompletionRequest,
+        mut request: ChatCompletionRequest,
         arrival: Arrival<'_>,
     ) -> Result<Response, FrontendError> {
+        super::drop_disabled_nvext(&state.settings, &mut request.nvext);
+        arrival
+            .early
+            .parsed(state, &request.model, request.is_stream());
+        request.adopt_legacy_functions()?;
         let request = Arc::new(request);
         let request_id = arrival.request_id;
         let started = start(state, Self::NAME, &request, arrival).await?;

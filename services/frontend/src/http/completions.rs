@@ -35,9 +35,10 @@ impl Endpoint for Completions {
 
     async fn handle(
         state: &Arc<AppState>,
-        request: CompletionRequest,
+        mut request: CompletionRequest,
         arrival: Arrival<'_>,
     ) -> Result<Response, FrontendError> {
+        super::drop_disabled_nvext(&state.settings, &mut request.nvext);
         serve(state, request, arrival).await
     }
 }
