@@ -181,6 +181,13 @@ def test_responses_refuses_state(mesh):
     with pytest.raises(openai.BadRequestError) as stateful:
         responses_client(mesh).responses.create(model="tiny", input="x", previous_response_id="resp_1")
     assert stateful.value.body["param"] == "previous_response_id"
+    with pytest.raises(openai.BadRequestError) as conversation:
+        responses_client(mesh).responses.create(model="tiny", input="x", conversation="conv_1")
+    assert conversation.value.body["param"] == "conversation"
+    for field, value in [("background", True), ("prompt", {"id": "pmpt_1"})]:
+        with pytest.raises(openai.APIStatusError) as err:
+            responses_client(mesh).responses.create(model="tiny", input="x", **{field: value})
+        assert err.value.status_code == 501 and f"'{field}'" in err.value.body["message"], field
 
 
 def test_responses_stream_event_order(mesh):

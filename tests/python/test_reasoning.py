@@ -152,3 +152,55 @@ def test_responses_function_call_and_reasoning_items(mesh):
     assert last.type == "response.incomplete"
     assert [item.type for item in last.response.output] == ["reasoning", "message"]
     assert last.response.output[0].content[0].text == thought.output[0].content[0].text
+
+
+def test_anthropic_thinking_budget_caps_the_thinking(mesh):
+    def blocks(thinking):
+        message = claude(mesh).messages.create(model="tiny", max_tokens=100, messages=ask(), thinking=thinking,
+                                               extra_body={"temperature": 0})
+        return {block.type: block for block in message.content}
+    capped = blocks({"type": "enabled", "budget_tokens": 5})
+    assert len(words(capped["thinking"].thinking)) == 5
+    free = blocks({"type": "disabled"})
+    assert "text" in free
+    with pytest.raises(anthropic.BadRequestError) as err:
+        blocks({"type": "enabled"})
+    assert "budget_tokens" in err.value.body["error"]["message"]
+
+
+def test_single_call_switches_on_anthropic_and_responses(mesh):
+    """Anthropic's disable_parallel_tool_use and Responses' parallel_tool_calls both keep one call
+    of a turn that names two tools; Responses echoes the value it applied."""
+    question = "Use get_weather for Paris and get_time for Paris."
+    time_schema = {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}
+    anthropic_tools = [{"name": "get_weather", "input_schema": WEATHER},
+                       {"name": "get_time", "input_schema": time_schema}]
+    def tool_uses(choice):
+        message = claude(mesh).messages.create(model="tiny", max_tokens=300, messages=ask(question),
+                                               tools=anthropic_tools, tool_choice=choice)
+        return [block.name for block in message.content if block.type == "tool_use"]
+    assert tool_uses({"type": "auto"}) == ["get_weather", "get_time"]
+    assert tool_uses({"type": "auto", "disable_parallel_tool_use": True}) == ["get_weather"]
+    tools = [{"type": "function", "name": "get_weather", "parameters": WEATHER},
+             {"type": "function", "name": "get_time", "parameters": time_schema}]
+    client = mesh.client()
+    def calls(**extra):
+        resp = client.responses.create(model="tiny", input=question, tools=tools, max_output_tokens=300, **extra)
+        return resp, [item.name for item in resp.output if item.type == "function_call"]
+    both, names = calls(metadata={"team": "cache"})
+    assert names == ["get_weather", "get_time"]
+    assert both.parallel_tool_calls is True and both.metadata == {"team": "cache"}
+    single, names = calls(parallel_tool_calls=False)
+    assert names == ["get_weather"]
+    assert single.parallel_tool_calls is False and single.metadata == {}
+
+
+def test_anthropic_server_tools_are_501s_naming_their_type(mesh):
+    with pytest.raises(anthropic.APIStatusError) as err:
+        claude(mesh).messages.create(model="tiny", max_tokens=10, messages=ask(),
+                                     tools=[{"type": "web_search_20250305", "name": "web_search", "max_uses": 1}])
+    assert err.value.status_code == 501
+    assert "web_search_20250305" in err.value.body["error"]["message"]
+    accepted = claude(mesh).messages.create(model="tiny", max_tokens=4, messages=ask(), metadata={"user_id": "u"},
+                                            service_tier="auto")
+    assert accepted.usage.output_tokens == 4

@@ -2,18 +2,21 @@
 //! translation to a chat request, so that the Messages API is served by the chat path
 //! (docs/http-api.md, "Anthropic Messages").
 //!
-//! Content blocks map onto chat messages: `text` blocks become content, an assistant's
-//! `tool_use` blocks become its `tool_calls`, a user's `tool_result` blocks become `tool`
-//! messages, and `thinking` blocks become the assistant's `reasoning_content`. Images and
+//! Content blocks map onto chat messages (`content`); custom tools onto chat tools, while server
+//! tools (web search, bash, ...) are refused as not implemented; `thinking` onto
+//! `max_thinking_tokens` or, disabled, the template variable `enable_thinking: false`. Images and
 //! documents are refused as unsupported by a text model.
+
+mod content;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use self::content::chat_messages;
 use crate::error::LlmError;
 use crate::openai::{
-    ChatCompletionRequest, ChatMessage, ChatTool, FunctionCall, FunctionDefinition, FunctionName,
-    MessageContent, NamedToolChoice, Stop, StopEntry, ToolCall, ToolChoice, ToolChoiceMode,
+    ChatCompletionRequest, ChatTool, FunctionDefinition, FunctionName, NamedToolChoice, Stop,
+    StopEntry, ToolChoice, ToolChoiceMode,
 };
 
 /// A Messages request. Unknown fields are ignored.
@@ -50,9 +53,29 @@ pub struct MessagesRequest {
     /// Stream server-sent events.
     #[serde(default)]
     pub stream: Option<bool>,
+    /// Extended thinking: `enabled` with a `budget_tokens` cap, or `disabled`.
+    #[serde(default)]
+    pub thinking: Option<AnthropicThinking>,
+    /// Request metadata (`user_id`); accepted, no effect on generation.
+    #[serde(default)]
+    pub metadata: Option<Value>,
+    /// Capacity tier; accepted, no effect on generation.
+    #[serde(default)]
+    pub service_tier: Option<String>,
     /// NVIDIA extensions, as on the OpenAI endpoints.
     #[serde(default)]
     pub nvext: Option<Value>,
+}
+
+/// `thinking`: `{type: "enabled", budget_tokens}` or `{type: "disabled"}`.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+pub struct AnthropicThinking {
+    /// `enabled` or `disabled`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Most tokens the model may think, with `enabled`.
+    #[serde(default)]
+    pub budget_tokens: Option<i64>,
 }
 
 /// A `count_tokens` request: the prompt parts of a Messages request.
@@ -121,6 +144,10 @@ pub struct ContentBlock {
 /// A tool definition: `{name, description?, input_schema}`.
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct AnthropicTool {
+    /// Absent or `custom` for a client tool; a server tool's versioned type
+    /// (`web_search_20250305`, `bash_20250124`, ...) is not implemented.
+    #[serde(rename = "type", default)]
+    pub kind: Option<String>,
     /// The tool name.
     pub name: String,
     /// What it does.
@@ -140,6 +167,9 @@ pub struct AnthropicToolChoice {
     /// The tool of `type: tool`.
     #[serde(default)]
     pub name: Option<String>,
+    /// At most one tool call per turn (chat's `parallel_tool_calls: false`).
+    #[serde(default)]
+    pub disable_parallel_tool_use: Option<bool>,
 }
 
 /// Why generation ended, in the Messages API's words.
@@ -201,9 +231,12 @@ impl MessagesRequest {
             top_k: self.top_k,
             stream: self.stream,
             nvext: self.nvext.clone(),
-            tools: self.tools.as_deref().map(chat_tools),
+            tools: self.tools.as_deref().map(chat_tools).transpose()?,
             ..Default::default()
         };
+        if let Some(thinking) = &self.thinking {
+            apply_thinking(&mut chat, thinking)?;
+        }
         if let Some(stops) = self.stop_sequences.as_ref().filter(|s| !s.is_empty()) {
             chat.stop = Some(Stop::Many(
                 stops.iter().cloned().map(StopEntry::Text).collect(),
@@ -227,6 +260,9 @@ impl MessagesRequest {
                     ));
                 }
             });
+            if choice.disable_parallel_tool_use == Some(true) {
+                chat.parallel_tool_calls = Some(false);
+            }
         }
         Ok(chat)
     }
@@ -238,7 +274,7 @@ impl CountTokensRequest {
         Ok(ChatCompletionRequest {
             model: self.model.clone(),
             messages: chat_messages(self.system.as_ref(), &self.messages)?,
-            tools: self.tools.as_deref().map(chat_tools),
+            tools: self.tools.as_deref().map(chat_tools).transpose()?,
             ..Default::default()
         })
     }
@@ -251,250 +287,63 @@ fn invalid(param: &'static str, message: impl Into<String>) -> LlmError {
     }
 }
 
-fn chat_tools(tools: &[AnthropicTool]) -> Vec<ChatTool> {
+/// Client tools as chat tools; a server tool is not implemented, named by its type.
+fn chat_tools(tools: &[AnthropicTool]) -> Result<Vec<ChatTool>, LlmError> {
     tools
         .iter()
-        .map(|tool| ChatTool {
-            kind: "function".into(),
-            function: FunctionDefinition {
-                name: tool.name.clone(),
-                description: tool.description.clone(),
-                parameters: tool.input_schema.clone(),
-                strict: None,
-            },
+        .enumerate()
+        .map(|(index, tool)| match tool.kind.as_deref() {
+            None | Some("custom") => Ok(ChatTool {
+                kind: "function".into(),
+                function: FunctionDefinition {
+                    name: tool.name.clone(),
+                    description: tool.description.clone(),
+                    parameters: tool.input_schema.clone(),
+                    strict: None,
+                },
+            }),
+            Some(other) => Err(LlmError::Unsupported(format!(
+                "tools.{index}: tool type '{other}' is not supported; only custom (client) tools"
+            ))),
         })
         .collect()
 }
 
-fn chat_messages(
-    system: Option<&AnthropicContent>,
-    messages: &[AnthropicMessage],
-) -> Result<Vec<ChatMessage>, LlmError> {
-    if messages.is_empty() {
-        return Err(invalid(
-            "messages",
-            "messages: at least one message is required",
-        ));
-    }
-    let mut chat = Vec::with_capacity(messages.len() + 1);
-    if let Some(system) = system {
-        let text = content_text(system, "system")?;
-        if !text.is_empty() {
-            chat.push(ChatMessage::new("system", text));
-        }
-    }
-    for (index, message) in messages.iter().enumerate() {
-        if message.role != "user" && message.role != "assistant" {
-            return Err(invalid(
-                "messages",
-                format!(
-                    "messages.{index}.role: must be user or assistant, got {:?}",
-                    message.role
-                ),
-            ));
-        }
-        let blocks = match &message.content {
-            AnthropicContent::Text(text) => {
-                chat.push(ChatMessage::new(message.role.as_str(), text.as_str()));
-                continue;
+/// `thinking` on the chat request: `enabled` caps the thinking at `budget_tokens`; `disabled`
+/// sets the template variable `enable_thinking` to false (templates of hybrid reasoning models
+/// read it).
+fn apply_thinking(
+    chat: &mut ChatCompletionRequest,
+    thinking: &AnthropicThinking,
+) -> Result<(), LlmError> {
+    match thinking.kind.as_str() {
+        "enabled" => match thinking.budget_tokens {
+            Some(budget) if budget >= 1 => {
+                chat.max_thinking_tokens = Some(budget);
+                Ok(())
             }
-            AnthropicContent::Blocks(blocks) => blocks,
-        };
-        let mut text = Vec::new();
-        let mut calls = Vec::new();
-        let mut reasoning = Vec::new();
-        for block in blocks {
-            match block.kind.as_str() {
-                "text" => text.push(block.text.clone().unwrap_or_default()),
-                "thinking" => reasoning.push(block.thinking.clone().unwrap_or_default()),
-                "redacted_thinking" => {}
-                "tool_use" => calls.push(ToolCall {
-                    id: block.id.clone().unwrap_or_default(),
-                    kind: "function".into(),
-                    function: FunctionCall {
-                        name: block.name.clone().unwrap_or_default(),
-                        arguments: block
-                            .input
-                            .as_ref()
-                            .map_or_else(|| "{}".to_string(), Value::to_string),
-                    },
-                }),
-                "tool_result" => {
-                    // A tool's answer is its own message, after what came before it.
-                    flush_text(&mut chat, &message.role, &mut text);
-                    chat.push(ChatMessage {
-                        role: "tool".into(),
-                        content: Some(MessageContent::Text(tool_result_text(block)?)),
-                        tool_call_id: block.tool_use_id.clone(),
-                        ..Default::default()
-                    });
-                }
-                other => {
-                    return Err(LlmError::unhandled_kind(
-                        other,
-                        &[
-                            "image",
-                            "document",
-                            "search_result",
-                            "server_tool_use",
-                            "web_search_tool_result",
-                            "container_upload",
-                        ],
-                        "messages",
-                        format!(
-                            "messages.{index}: content block type '{other}' is not supported by this model"
-                        ),
-                    ));
-                }
-            }
+            Some(budget) => Err(invalid(
+                "thinking.budget_tokens",
+                format!("thinking.budget_tokens: must be at least 1, got {budget}"),
+            )),
+            None => Err(invalid(
+                "thinking.budget_tokens",
+                "thinking.budget_tokens: field required",
+            )),
+        },
+        "disabled" => {
+            chat.chat_template_kwargs
+                .get_or_insert_with(Default::default)
+                .entry("enable_thinking")
+                .or_insert(Value::Bool(false));
+            Ok(())
         }
-        if !calls.is_empty() || !reasoning.is_empty() || !text.is_empty() {
-            chat.push(ChatMessage {
-                role: message.role.clone(),
-                content: Some(MessageContent::Text(text.join("\n"))),
-                tool_calls: (!calls.is_empty()).then_some(calls),
-                reasoning_content: (!reasoning.is_empty()).then(|| reasoning.join("\n")),
-                ..Default::default()
-            });
-        }
-    }
-    Ok(chat)
-}
-
-fn flush_text(chat: &mut Vec<ChatMessage>, role: &str, text: &mut Vec<String>) {
-    if !text.is_empty() {
-        chat.push(ChatMessage::new(role, text.join("\n")));
-        text.clear();
-    }
-}
-
-fn content_text(content: &AnthropicContent, field: &'static str) -> Result<String, LlmError> {
-    match content {
-        AnthropicContent::Text(text) => Ok(text.clone()),
-        AnthropicContent::Blocks(blocks) => {
-            let mut texts = Vec::with_capacity(blocks.len());
-            for block in blocks {
-                if block.kind != "text" {
-                    return Err(invalid(
-                        field,
-                        format!(
-                            "{field}: only text blocks are allowed, got {:?}",
-                            block.kind
-                        ),
-                    ));
-                }
-                texts.push(block.text.clone().unwrap_or_default());
-            }
-            Ok(texts.join("\n"))
-        }
-    }
-}
-
-fn tool_result_text(block: &ContentBlock) -> Result<String, LlmError> {
-    match &block.content {
-        None | Some(Value::Null) => Ok(String::new()),
-        Some(Value::String(text)) => Ok(text.clone()),
-        Some(Value::Array(parts)) => {
-            let mut texts = Vec::with_capacity(parts.len());
-            for part in parts {
-                match part.get("type").and_then(Value::as_str) {
-                    Some("text") => texts.push(
-                        part.get("text")
-                            .and_then(Value::as_str)
-                            .unwrap_or_default()
-                            .to_string(),
-                    ),
-                    other => {
-                        return Err(LlmError::unhandled_kind(
-                            other.unwrap_or_default(),
-                            &["image", "document", "search_result"],
-                            "messages",
-                            format!(
-                                "tool_result content of type {other:?} is not supported by this model"
-                            ),
-                        ));
-                    }
-                }
-            }
-            Ok(texts.join("\n"))
-        }
-        Some(other) => Ok(other.to_string()),
+        other => Err(invalid(
+            "thinking",
+            format!("thinking.type: must be enabled or disabled, got {other:?}"),
+        )),
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn request(body: Value) -> MessagesRequest {
-        serde_json::from_value(body).unwrap()
-    }
-
-    #[test]
-    fn max_tokens_is_required_and_positive() {
-        let base =
-            serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
-        let error = request(base.clone()).to_chat().unwrap_err();
-        assert_eq!(error.param(), Some("max_tokens"));
-        let mut zero = base;
-        zero["max_tokens"] = 0.into();
-        assert!(
-            request(zero)
-                .to_chat()
-                .unwrap_err()
-                .to_string()
-                .contains("at least 1")
-        );
-    }
-
-    #[test]
-    fn blocks_become_chat_messages() {
-        let chat = request(serde_json::json!({
-            "model": "m", "max_tokens": 8,
-            "system": [{"type": "text", "text": "be brief"}],
-            "stop_sequences": ["END"],
-            "messages": [
-                {"role": "user", "content": [{"type": "text", "text": "weather?"}]},
-                {"role": "assistant", "content": [
-                    {"type": "thinking", "thinking": "call it", "signature": "s"},
-                    {"type": "tool_use", "id": "t1", "name": "weather", "input": {"city": "Oslo"}}]},
-                {"role": "user", "content": [
-                    {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "sunny"}]},
-                    {"type": "text", "text": "thanks"}]}
-            ],
-            "tool_choice": {"type": "any"}
-        }))
-        .to_chat()
-        .unwrap();
-        let roles: Vec<&str> = chat.messages.iter().map(|m| m.role.as_str()).collect();
-        assert_eq!(roles, ["system", "user", "assistant", "tool", "user"]);
-        let call = &chat.messages[2].tool_calls.as_ref().unwrap()[0];
-        assert_eq!(call.function.arguments, r#"{"city":"Oslo"}"#);
-        assert_eq!(
-            chat.messages[2].reasoning_content.as_deref(),
-            Some("call it")
-        );
-        assert_eq!(chat.messages[3].tool_call_id.as_deref(), Some("t1"));
-        assert_eq!(chat.messages[3].text().unwrap(), "sunny");
-        assert_eq!(chat.max_tokens, Some(8));
-        assert_eq!(
-            chat.tool_choice,
-            Some(ToolChoice::Mode(ToolChoiceMode::Required))
-        );
-        assert!(matches!(chat.stop, Some(Stop::Many(ref s)) if s.len() == 1));
-    }
-
-    #[test]
-    fn images_and_bad_roles_are_refused() {
-        let image = request(
-            serde_json::json!({"model": "m", "max_tokens": 1, "messages": [
-            {"role": "user", "content": [{"type": "image", "source": {}}]}]}),
-        );
-        assert!(matches!(image.to_chat(), Err(LlmError::Unsupported(_))));
-        let role = request(
-            serde_json::json!({"model": "m", "max_tokens": 1, "messages": [
-            {"role": "system", "content": "x"}]}),
-        );
-        assert_eq!(role.to_chat().unwrap_err().param(), Some("messages"));
-    }
-}
+mod tests;

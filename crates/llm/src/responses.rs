@@ -2,7 +2,8 @@
 //! that the Responses API is served by the chat path (docs/http-api.md, "Responses API").
 //!
 //! kvmesh keeps no conversation state: `store` is accepted and ignored, and a
-//! `previous_response_id` is refused. `instructions` become a leading system message; input
+//! `previous_response_id` or `conversation` is refused; `background` runs and stored `prompt`
+//! templates are not implemented. `instructions` become a leading system message; input
 //! items map onto chat messages (`message` items by role, `function_call` items onto an assistant
 //! message's `tool_calls`, `function_call_output` items onto `tool` messages).
 
@@ -47,6 +48,24 @@ pub struct ResponsesRequest {
     /// Refused: kvmesh is stateless.
     #[serde(default)]
     pub previous_response_id: Option<String>,
+    /// Refused: kvmesh is stateless.
+    #[serde(default)]
+    pub conversation: Option<Value>,
+    /// Run in the background and poll; not implemented (501) when true.
+    #[serde(default)]
+    pub background: Option<bool>,
+    /// A stored prompt template by id; not implemented (501).
+    #[serde(default)]
+    pub prompt: Option<Value>,
+    /// Whether several function calls may come in one turn (default true); echoed back.
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
+    /// Key-value pairs echoed back in the response object.
+    #[serde(default)]
+    pub metadata: Option<serde_json::Map<String, Value>>,
+    /// Reasoning options: `effort` reaches the chat template as `reasoning_effort`.
+    #[serde(default)]
+    pub reasoning: Option<ResponsesReasoning>,
     /// Output options: `format` constrains the text (`text`, `json_object`, or `json_schema`
     /// with `name`, `schema`, `strict`), as `response_format` does on chat.
     #[serde(default)]
@@ -54,6 +73,18 @@ pub struct ResponsesRequest {
     /// NVIDIA extensions, as on the chat endpoint.
     #[serde(default)]
     pub nvext: Option<Value>,
+}
+
+/// The `reasoning` options of a Responses request.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+pub struct ResponsesReasoning {
+    /// `minimal`, `low`, `medium` or `high`: the chat template variable `reasoning_effort`.
+    #[serde(default)]
+    pub effort: Option<String>,
+    /// Reasoning summaries; accepted, no effect (reasoning comes back whole as
+    /// `reasoning_text`).
+    #[serde(default)]
+    pub summary: Option<String>,
 }
 
 /// The `text` options of a Responses request.
@@ -164,6 +195,22 @@ impl ResponsesRequest {
                 "previous_response_id is not supported: this server keeps no response state; send the whole conversation as input",
             ));
         }
+        if self.conversation.as_ref().is_some_and(|c| !c.is_null()) {
+            return Err(invalid(
+                "conversation",
+                "conversation is not supported: this server keeps no conversation state; send the whole conversation as input",
+            ));
+        }
+        if self.background == Some(true) {
+            return Err(LlmError::Unsupported(
+                "'background' responses are not supported: this server keeps no response state to poll".to_owned(),
+            ));
+        }
+        if self.prompt.as_ref().is_some_and(|p| !p.is_null()) {
+            return Err(LlmError::Unsupported(
+                "'prompt' (a stored prompt template) is not supported; send the instructions and input themselves".to_owned(),
+            ));
+        }
         if let Some(n) = self.max_output_tokens.filter(|n| *n < 1) {
             return Err(invalid(
                 "max_output_tokens",
@@ -195,6 +242,11 @@ impl ResponsesRequest {
             nvext: self.nvext.clone(),
             tools: self.tools.as_deref().map(chat_tools).transpose()?,
             tool_choice: self.tool_choice.as_ref().map(tool_choice).transpose()?,
+            parallel_tool_calls: self.parallel_tool_calls,
+            reasoning_effort: self
+                .reasoning
+                .as_ref()
+                .and_then(|reasoning| reasoning.effort.clone()),
             response_format: self
                 .text
                 .as_ref()
@@ -368,50 +420,4 @@ fn tool_choice(value: &Value) -> Result<ToolChoice, LlmError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn request(body: Value) -> ResponsesRequest {
-        serde_json::from_value(body).unwrap()
-    }
-
-    #[test]
-    fn instructions_and_items_become_chat_messages() {
-        let chat = request(serde_json::json!({
-            "model": "m", "instructions": "be brief", "max_output_tokens": 5,
-            "input": [
-                {"role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
-                {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": "{}"},
-                {"type": "function_call", "call_id": "c2", "name": "time", "arguments": "{}"},
-                {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
-            ],
-            "tools": [{"type": "function", "name": "weather", "parameters": {"type": "object"}}],
-            "tool_choice": "auto"
-        }))
-        .to_chat()
-        .unwrap();
-        let roles: Vec<&str> = chat.messages.iter().map(|m| m.role.as_str()).collect();
-        assert_eq!(roles, ["system", "user", "assistant", "tool"]);
-        assert_eq!(chat.messages[1].text().unwrap(), "weather?");
-        assert_eq!(chat.messages[2].tool_calls.as_ref().unwrap().len(), 2);
-        assert_eq!(chat.max_tokens, Some(5));
-        assert_eq!(chat.tools.unwrap()[0].function.name, "weather");
-    }
-
-    #[test]
-    fn state_and_other_tools_are_refused() {
-        let stateful = request(
-            serde_json::json!({"model": "m", "input": "x", "previous_response_id": "resp_1"}),
-        );
-        assert_eq!(
-            stateful.to_chat().unwrap_err().param(),
-            Some("previous_response_id")
-        );
-        let search = request(
-            serde_json::json!({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}),
-        );
-        assert!(matches!(search.to_chat(), Err(LlmError::Unsupported(_))));
-        let empty = request(serde_json::json!({"model": "m", "input": [], "instructions": "x"}));
-        assert_eq!(empty.to_chat().unwrap_err().param(), Some("input"));
-    }
-}
+mod tests;

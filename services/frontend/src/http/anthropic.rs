@@ -38,7 +38,9 @@ impl Endpoint for Messages {
         arrival
             .early
             .parsed(state, &request.model, request.is_stream());
-        let chat = Arc::new(request.to_chat()?);
+        let mut chat = request.to_chat()?;
+        super::drop_disabled_nvext(&state.settings, &mut chat.nvext);
+        let chat = Arc::new(chat);
         let request_id = arrival.request_id;
         let started = chat::start(state, Self::NAME, &chat, arrival).await?;
         respond(state, &request, request_id, started).await

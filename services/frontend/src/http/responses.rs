@@ -37,7 +37,9 @@ impl Endpoint for Responses {
         arrival
             .early
             .parsed(state, &request.model, request.is_stream());
-        let chat = Arc::new(request.to_chat()?);
+        let mut chat = request.to_chat()?;
+        super::drop_disabled_nvext(&state.settings, &mut chat.nvext);
+        let chat = Arc::new(chat);
         let request_id = arrival.request_id;
         let started = chat::start(state, Self::NAME, &chat, arrival).await?;
         respond(state, &request, request_id, started).await
@@ -67,6 +69,8 @@ async fn respond(
         temperature: request.temperature,
         top_p: request.top_p,
         max_output_tokens: request.max_output_tokens,
+        parallel_tool_calls: request.parallel_tool_calls.unwrap_or(true),
+        metadata: request.metadata.clone().unwrap_or_default(),
     };
 
     if !request.is_stream() {
@@ -136,6 +140,8 @@ struct ResponseShape {
     temperature: Option<f64>,
     top_p: Option<f64>,
     max_output_tokens: Option<i64>,
+    parallel_tool_calls: bool,
+    metadata: serde_json::Map<String, Value>,
 }
 
 impl ResponseShape {
@@ -200,10 +206,10 @@ impl ResponseShape {
             "max_output_tokens": self.max_output_tokens,
             "temperature": self.temperature,
             "top_p": self.top_p,
-            "parallel_tool_calls": true,
+            "parallel_tool_calls": self.parallel_tool_calls,
             "tool_choice": "auto",
             "tools": [],
-            "metadata": {},
+            "metadata": self.metadata,
             "store": false,
             "error": error,
             "incomplete_details": (status == Status::Incomplete)

@@ -1,0 +1,91 @@
+use super::*;
+
+fn request(body: Value) -> ResponsesRequest {
+    serde_json::from_value(body).unwrap()
+}
+
+#[test]
+fn instructions_and_items_become_chat_messages() {
+    let chat = request(serde_json::json!({
+        "model": "m", "instructions": "be brief", "max_output_tokens": 5,
+        "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
+            {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": "{}"},
+            {"type": "function_call", "call_id": "c2", "name": "time", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+        ],
+        "tools": [{"type": "function", "name": "weather", "parameters": {"type": "object"}}],
+        "tool_choice": "auto"
+    }))
+    .to_chat()
+    .unwrap();
+    let roles: Vec<&str> = chat.messages.iter().map(|m| m.role.as_str()).collect();
+    assert_eq!(roles, ["system", "user", "assistant", "tool"]);
+    assert_eq!(chat.messages[1].text().unwrap(), "weather?");
+    assert_eq!(chat.messages[2].tool_calls.as_ref().unwrap().len(), 2);
+    assert_eq!(chat.max_tokens, Some(5));
+    assert_eq!(chat.tools.unwrap()[0].function.name, "weather");
+}
+
+#[test]
+fn state_and_other_tools_are_refused() {
+    let stateful =
+        request(serde_json::json!({"model": "m", "input": "x", "previous_response_id": "resp_1"}));
+    assert_eq!(
+        stateful.to_chat().unwrap_err().param(),
+        Some("previous_response_id")
+    );
+    let search =
+        request(serde_json::json!({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}));
+    assert!(matches!(search.to_chat(), Err(LlmError::Unsupported(_))));
+    let empty = request(serde_json::json!({"model": "m", "input": [], "instructions": "x"}));
+    assert_eq!(empty.to_chat().unwrap_err().param(), Some("input"));
+}
+
+#[test]
+fn conversation_is_a_400_and_background_or_a_stored_prompt_a_501() {
+    let conversation =
+        request(serde_json::json!({"model": "m", "input": "x", "conversation": "conv_1"}));
+    assert_eq!(
+        conversation.to_chat().unwrap_err().param(),
+        Some("conversation")
+    );
+    for (patch, field) in [
+        (serde_json::json!({"background": true}), "'background'"),
+        (
+            serde_json::json!({"prompt": {"id": "pmpt_1", "version": "2"}}),
+            "'prompt'",
+        ),
+    ] {
+        let mut body = serde_json::json!({"model": "m", "input": "x"});
+        body.as_object_mut()
+            .unwrap()
+            .extend(patch.as_object().unwrap().clone());
+        match request(body).to_chat() {
+            Err(LlmError::Unsupported(message)) => assert!(message.starts_with(field), "{message}"),
+            other => panic!("expected a 501 naming {field}, got {other:?}"),
+        }
+    }
+    request(serde_json::json!({"model": "m", "input": "x", "background": false}))
+        .to_chat()
+        .unwrap();
+}
+
+#[test]
+fn parallel_tool_calls_and_reasoning_effort_reach_the_chat_request() {
+    let chat = request(serde_json::json!({
+        "model": "m", "input": "x", "parallel_tool_calls": false,
+        "reasoning": {"effort": "low", "summary": "auto"}, "metadata": {"k": "v"}
+    }))
+    .to_chat()
+    .unwrap();
+    assert_eq!(chat.parallel_tool_calls, Some(false));
+    assert_eq!(chat.reasoning_effort.as_deref(), Some("low"));
+    let plain = request(serde_json::json!({"model": "m", "input": "x"}))
+        .to_chat()
+        .unwrap();
+    assert_eq!(
+        (plain.parallel_tool_calls, plain.reasoning_effort),
+        (None, None)
+    );
+}
