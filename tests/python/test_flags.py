@@ -4,6 +4,7 @@ data/dynamo_frontend_options.json. Options kvmesh does not implement yet must lo
 them; TLS and keyed tracking hashes must refuse to start naming the flag; `--interactive` runs the
 REPL instead of HTTP and answers a typed prompt."""
 import glob
+import itertools
 import json
 import os
 import re
@@ -20,6 +21,9 @@ from conftest import BIN_DIR, free_port
 
 HERE = Path(__file__).resolve().parent
 OPTIONS = json.loads((HERE / "data" / "dynamo_frontend_options.json").read_text())
+# The option names of Dynamo's sources (see extract_sources), kept here so the coverage check
+# does not depend on them being present.
+SOURCES = json.loads((HERE / "data" / "dynamo_sources.json").read_text())
 REPO = HERE.parent.parent
 MODEL_DIR = REPO / "models" / "tiny"
 SHARED = Path(os.environ.get("KVMESH_SHARED_DIR", REPO.parent / "shared"))
@@ -101,10 +105,15 @@ def check(entry, files, args, env, name):
         problems.append(f"{name}: expected {entry['expect']}, rc={proc.returncode}\n{output[-1500:]}")
     elif entry["expect"] == "refused" and name.split("=")[0] not in output:
         problems.append(f"{name}: refused without naming it\n{output[-800:]}")
+    warnings = [line for line in output.splitlines() if "WARN" in line]
     if ok and entry.get("warn"):
-        warned = [line for line in output.splitlines() if "WARN" in line and entry["warn"] in line]
-        if len(warned) != 1:
-            problems.append(f"{name}: expected one WARN with {entry['warn']!r}\n{output[-1500:]}")
+        warned = [line for line in warnings if entry["warn"] in line]
+        if len(warned) != 1 or len(warnings) != 1:
+            problems.append(f"{name}: expected one WARN, with {entry['warn']!r}\n{output[-1500:]}")
+    elif ok and entry["expect"] != "refused" and warnings:
+        # An option that is implemented does not warn; one that is not must say so (its entry
+        # then names the WARN).
+        problems.append(f"{name}: unexpected WARN\n" + "\n".join(warnings))
     return problems
 
 
@@ -128,20 +137,56 @@ def test_every_dynamo_environment_variable_starts_the_frontend(files):
     run_all(cases)
 
 
-def test_the_list_covers_dynamos_help_and_guide():
-    help_text = SHARED / "specs" / "dynamo-1.6.1-frontend-help.txt"
-    guides = glob.glob(str(SHARED / "seeds" / "002_*.txt"))
-    if not help_text.exists() or not guides:
-        pytest.skip(f"Dynamo's --help capture and guide are not at {SHARED}")
-    listed_flags = {entry["flag"] for entry in OPTIONS["flags"]}
-    option_lines = [line for line in help_text.read_text().splitlines() if line.startswith("  -")]
+# Variables every launch sets itself (a private file-discovery root, free ports, the servers).
+SET_BY_THE_HARNESS = {"DYN_FILE_KV", "DYN_TCP_RPC_PORT", "ETCD_ENDPOINTS", "NATS_SERVER"}
+
+
+def expand_braces(name):
+    """`DYN_METRICS_{A,B}_{MIN,MAX}` -> every combination, as the flags spec writes families."""
+    parts = re.split(r"(\{[^}]*\})", name)
+    choices = [part[1:-1].split(",") if part.startswith("{") else [part] for part in parts]
+    return ["".join(combination) for combination in itertools.product(*choices)]
+
+
+def extract_sources(shared):
+    """The option names of Dynamo's sources under `shared`: the flags and variables of the
+    1.6.1 frontend's --help, the variables of the frontend guide (seed 002), and the variables of
+    the flags spec. None when the sources are not there."""
+    help_text = shared / "specs" / "dynamo-1.6.1-frontend-help.txt"
+    guides = glob.glob(str(shared / "seeds" / "002_*.txt"))
+    spec = shared / "specs" / "frontend-flags.md"
+    if not help_text.exists() or not guides or not spec.exists():
+        return None
+    help_text = help_text.read_text()
+    option_lines = [line for line in help_text.splitlines() if line.startswith("  -")]
     help_flags = {flag for line in option_lines
                   for flag in re.findall(r"(?<![\w-])(-i|--[a-z][a-z0-9-]+)", line)}
-    help_flags -= {"--help", "--version"}
-    assert sorted(help_flags - listed_flags) == []
-    listed_env = {entry["env"] for entry in OPTIONS["env"]}
-    guide_env = set(re.findall(r"\b(?:DYN|NATS|ETCD)_[A-Z0-9_]+", Path(guides[0]).read_text()))
-    assert sorted(guide_env - listed_env) == []
+    env = r"\b(?:DYN|NATS|ETCD)_[A-Z0-9_]+"
+    spec_env = {expanded for name in re.findall(r"`((?:DYN|NATS|ETCD|KVMESH)_[A-Z0-9_{},]+)`",
+                                                 spec.read_text())
+                for expanded in expand_braces(name) if not expanded.endswith("_")}
+    return {"help_flags": sorted(help_flags - {"--help", "--version"}),
+            "help_env": sorted(set(re.findall(env, help_text))),
+            "guide_env": sorted(set(re.findall(env, Path(guides[0]).read_text()))),
+            "spec_env": sorted(spec_env)}
+
+
+def test_the_list_covers_dynamos_help_guide_and_spec():
+    """The option list covers the names of Dynamo's sources, kept in the repository (so the
+    check runs wherever the tests do)."""
+    listed_flags = {entry["flag"] for entry in OPTIONS["flags"]}
+    listed_env = {entry["env"] for entry in OPTIONS["env"]} | SET_BY_THE_HARNESS
+    assert sorted(set(SOURCES["help_flags"]) - listed_flags) == []
+    for source in ("help_env", "guide_env", "spec_env"):
+        assert sorted(set(SOURCES[source]) - listed_env) == [], source
+    assert len(SOURCES["help_flags"]) > 100 and len(SOURCES["guide_env"]) > 50
+
+
+def test_the_kept_names_match_dynamos_sources():
+    extracted = extract_sources(SHARED)
+    if extracted is None:
+        pytest.skip(f"Dynamo's --help capture, guide and flags spec are not at {SHARED}")
+    assert extracted == SOURCES, "tests/python/data/dynamo_sources.json is out of date"
 
 
 def test_invalid_values_still_fail_naming_the_flag(files):

@@ -422,7 +422,8 @@ impl RouterArgs {
                 warnings.push(format!("{old} is deprecated; use {new}"));
             }
         }
-        if self.router_kv_overlap_score_weight.is_some() {
+        let legacy_env = std::env::var_os(LEGACY_OVERLAP_WEIGHT_ENV).is_some();
+        if self.router_kv_overlap_score_weight.is_some() || legacy_env {
             warnings.push(
                 "--router-kv-overlap-score-weight is deprecated; use \
                  --router-prefill-load-scale and --router-kv-overlap-score-credit"

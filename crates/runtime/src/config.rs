@@ -45,6 +45,12 @@ pub mod env {
     pub const TCP_RPC_HOST: &str = "DYN_TCP_RPC_HOST";
     /// Port internal gRPC servers bind to (0 = any).
     pub const TCP_RPC_PORT: &str = "DYN_TCP_RPC_PORT";
+    /// Largest message on the internal gRPC, bytes.
+    pub const TCP_MAX_MESSAGE_SIZE: &str = "DYN_TCP_MAX_MESSAGE_SIZE";
+    /// Seconds allowed to connect to a peer's internal gRPC.
+    pub const TCP_CONNECT_TIMEOUT: &str = "DYN_TCP_CONNECT_TIMEOUT";
+    /// Seconds a worker may take to accept a request.
+    pub const TCP_REQUEST_TIMEOUT: &str = "DYN_TCP_REQUEST_TIMEOUT";
 }
 
 /// Where processes find each other.
@@ -146,6 +152,20 @@ pub struct RuntimeOpts {
     #[arg(long, env = env::TCP_RPC_PORT, default_value_t = 0)]
     pub tcp_rpc_port: u16,
 
+    /// Largest message, in bytes, that internal gRPC servers and clients send or accept (a
+    /// long prompt's token ids travel in one message).
+    #[arg(long, env = env::TCP_MAX_MESSAGE_SIZE, hide = true, default_value_t = 32 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(1024..=u32::MAX as u64))]
+    pub tcp_max_message_size: u64,
+
+    /// Seconds allowed to open a connection to a worker or another service.
+    #[arg(long, env = env::TCP_CONNECT_TIMEOUT, hide = true, default_value_t = 3.0, value_parser = positive_seconds)]
+    pub tcp_connect_timeout: f64,
+
+    /// Seconds a worker may take to accept a request (answer the call's headers); a worker that
+    /// takes longer is treated as unreachable and the request goes to another one.
+    #[arg(long, env = env::TCP_REQUEST_TIMEOUT, hide = true, default_value_t = 10.0, value_parser = positive_seconds)]
+    pub tcp_request_timeout: f64,
+
     /// TLS of the edge, the internal gRPC and NATS.
     #[command(flatten)]
     pub tls: TlsOpts,
@@ -166,6 +186,21 @@ impl RuntimeOpts {
         tokio::net::TcpListener::bind(bind)
             .await
             .map_err(|e| Error::Config(format!("bind {what} gRPC on {bind}: {e}")))
+    }
+
+    /// The settings of this process's gRPC clients to workers (`DYN_TCP_*` limits).
+    pub fn grpc_settings(&self) -> crate::worker_client::GrpcSettings {
+        crate::worker_client::GrpcSettings {
+            connect_timeout: std::time::Duration::from_secs_f64(self.tcp_connect_timeout),
+            request_timeout: std::time::Duration::from_secs_f64(self.tcp_request_timeout),
+            max_message_size: self.max_message_size(),
+            ..Default::default()
+        }
+    }
+
+    /// `DYN_TCP_MAX_MESSAGE_SIZE` as a message limit for tonic servers and clients.
+    pub fn max_message_size(&self) -> usize {
+        usize::try_from(self.tcp_max_message_size).unwrap_or(usize::MAX)
     }
 
     /// Refuses choices that are parsed for compatibility but not implemented yet.
@@ -211,6 +246,14 @@ pub fn env_number<T: std::str::FromStr>(name: &str) -> Result<Option<T>> {
             .map(Some)
             .map_err(|_| Error::Config(format!("{name}: not a valid number: {value:?}"))),
         _ => Ok(None),
+    }
+}
+
+/// A positive, finite number of seconds.
+fn positive_seconds(value: &str) -> std::result::Result<f64, String> {
+    match value.trim().parse::<f64>() {
+        Ok(seconds) if seconds.is_finite() && seconds > 0.0 && seconds < 1e9 => Ok(seconds),
+        _ => Err(format!("{value:?} is not a positive number of seconds")),
     }
 }
 
@@ -413,7 +456,7 @@ mod tests {
         assert!(unpaired.contains("needs --tls-key-path"), "{unpaired}");
         let refused = error(&["--tls-cert-path", pem, "--tls-key-path", pem]).unwrap_err();
         assert!(
-            refused.contains("--tls-cert-path, --tls-key-path: TLS is not supported"),
+            refused.contains("--tls-cert-path (DYN_TLS_CERT_PATH), --tls-key-path (DYN_TLS_KEY_PATH): TLS is not supported"),
             "{refused}"
         );
         let refused = error(&["--nats-tls-insecure"]).unwrap_err();

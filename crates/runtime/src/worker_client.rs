@@ -62,6 +62,9 @@ pub fn unregister_inproc(address: &str) {
 pub struct GrpcSettings {
     /// Time allowed to establish a connection.
     pub connect_timeout: Duration,
+    /// Time a worker may take to accept a generate call (answer its headers); past it the
+    /// worker counts as unreachable, so the request may go to another one.
+    pub request_timeout: Duration,
     /// HTTP/2 initial connection window; `None` keeps [`crate::net::CONNECTION_WINDOW`].
     pub connection_window: Option<u32>,
     /// HTTP/2 initial stream window; `None` keeps [`crate::net::STREAM_WINDOW`].
@@ -74,6 +77,7 @@ impl Default for GrpcSettings {
     fn default() -> Self {
         Self {
             connect_timeout: Duration::from_secs(3),
+            request_timeout: Duration::from_secs(10),
             connection_window: None,
             stream_window: None,
             max_message_size: 32 * 1024 * 1024,
@@ -109,22 +113,54 @@ pub fn connect_worker(
     let client = WorkerClient::new(endpoint.connect_lazy())
         .max_decoding_message_size(settings.max_message_size)
         .max_encoding_message_size(settings.max_message_size);
-    Ok(Arc::new(GrpcWorker { client }))
+    Ok(Arc::new(GrpcWorker {
+        client,
+        request_timeout: settings.request_timeout,
+        max_message_size: settings.max_message_size,
+    }))
 }
 
 /// A worker in another process, reached over gRPC.
 #[derive(Clone)]
 pub struct GrpcWorker {
     client: WorkerClient<tonic::transport::Channel>,
+    request_timeout: Duration,
+    max_message_size: usize,
+}
+
+impl GrpcWorker {
+    /// A request too large for `DYN_TCP_MAX_MESSAGE_SIZE` is refused here with a status that
+    /// says so; sent, it would only break its HTTP/2 stream. The exact size is computed only
+    /// when the token ids alone could come near the limit.
+    fn check_size(&self, request: &GenerateRequest) -> Result<(), tonic::Status> {
+        const MAX_VARINT_BYTES: usize = 5;
+        if request.token_ids.len() * MAX_VARINT_BYTES < self.max_message_size / 2 {
+            return Ok(());
+        }
+        let size = prost::Message::encoded_len(request);
+        if size <= self.max_message_size {
+            return Ok(());
+        }
+        Err(crate::ErrorCode::PayloadTooLarge.to_status(format!(
+            "the worker request is {size} bytes, over the internal message limit of {} bytes (DYN_TCP_MAX_MESSAGE_SIZE)",
+            self.max_message_size
+        )))
+    }
 }
 
 #[async_trait]
 impl WorkerEndpoint for GrpcWorker {
     async fn generate(&self, request: GenerateRequest) -> Result<ResponseStream, tonic::Status> {
+        self.check_size(&request)?;
         let mut client = self.client.clone();
-        let response = client
-            .generate(request)
+        let response = tokio::time::timeout(self.request_timeout, client.generate(request))
             .await
+            .map_err(|_| {
+                crate::ErrorCode::Unavailable.to_status(format!(
+                    "worker did not accept the request within {:?} (DYN_TCP_REQUEST_TIMEOUT)",
+                    self.request_timeout
+                ))
+            })?
             .map_err(connection_failure_is_unavailable)?;
         Ok(drained(response.into_inner()))
     }

@@ -13,7 +13,7 @@ use kvmesh_proto::v1::{
     GetLoadRequest, GetLoadResponse, StopConditions, Usage, WorkerIdentity,
 };
 use kvmesh_runtime::ErrorCode;
-use kvmesh_runtime::GrpcErrorCode as _;
+use kvmesh_runtime::GrpcErrorCode;
 use kvmesh_runtime::worker_client::{GrpcSettings, ResponseStream, connect_worker};
 
 /// Streams `max_tokens` one-token responses as fast as it can, then a finish with usage.
@@ -28,6 +28,10 @@ impl Worker for BurstWorker {
         request: tonic::Request<GenerateRequest>,
     ) -> Result<tonic::Response<ResponseStream>, tonic::Status> {
         let request = request.into_inner();
+        if request.request_id == "hang" {
+            // Accepts the connection, never answers the call.
+            std::future::pending::<()>().await;
+        }
         let num_tokens = request.stop.and_then(|s| s.max_tokens).unwrap_or(1);
         // One message per poll, so each goes out in its own small DATA frame.
         let responses = futures::stream::unfold(0u32, move |index| async move {
@@ -85,15 +89,97 @@ impl Worker for BurstWorker {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unread_streams_do_not_close_the_connection() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap().to_string();
+async fn serve_burst_worker() -> std::io::Result<String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let address = listener.local_addr()?.to_string();
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(WorkerServer::new(BurstWorker))
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
+    Ok(address)
+}
+
+fn request(id: &str, num_prompt_tokens: usize) -> GenerateRequest {
+    GenerateRequest {
+        request_id: id.into(),
+        token_ids: vec![1000; num_prompt_tokens],
+        stop: Some(StopConditions {
+            max_tokens: Some(2),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The `DYN_TCP_*` limits as the frontend and router read them.
+fn settings_from(args: &[&str]) -> Result<GrpcSettings, clap::Error> {
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        runtime: kvmesh_runtime::config::RuntimeOpts,
+    }
+    let cli =
+        <Cli as clap::Parser>::try_parse_from(std::iter::once("t").chain(args.iter().copied()))?;
+    Ok(cli.runtime.grpc_settings())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_does_not_accept_in_time_is_unavailable() {
+    let address = serve_burst_worker().await.unwrap();
+    let settings = settings_from(&["--tcp-request-timeout", "0.3"]).unwrap();
+    assert_eq!(settings.request_timeout, Duration::from_millis(300));
+    let worker = connect_worker(&address, &settings).unwrap();
+    let started = std::time::Instant::now();
+    let Err(status) = worker.generate(request("hang", 4)).await else {
+        panic!("a worker that never answers was taken as accepting");
+    };
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(ErrorCode::of_status(&status), ErrorCode::Unavailable);
+    assert!(
+        status.message().contains("DYN_TCP_REQUEST_TIMEOUT"),
+        "{status}"
+    );
+    // The same connection still serves a worker that answers.
+    let mut stream = worker.generate(request("ok", 4)).await.unwrap();
+    while let Some(item) = stream.next().await {
+        item.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_over_the_message_limit_is_refused_naming_it() {
+    let address = serve_burst_worker().await.unwrap();
+    let settings = settings_from(&["--tcp-max-message-size", "4096"]).unwrap();
+    assert_eq!(settings.max_message_size, 4096);
+    let worker = connect_worker(&address, &settings).unwrap();
+    let Err(status) = worker.generate(request("big", 3000)).await else {
+        panic!("6 KB of token ids went through a 4 KiB limit");
+    };
+    assert_eq!(ErrorCode::of_status(&status), ErrorCode::PayloadTooLarge);
+    assert!(
+        status.message().contains("DYN_TCP_MAX_MESSAGE_SIZE"),
+        "{status}"
+    );
+    let mut stream = worker.generate(request("small", 100)).await.unwrap();
+    while let Some(item) = stream.next().await {
+        item.unwrap();
+    }
+    // The default limit (32 MiB) carries the big one.
+    let worker = connect_worker(&address, &settings_from(&[]).unwrap()).unwrap();
+    let mut stream = worker.generate(request("big", 3000)).await.unwrap();
+    while let Some(item) = stream.next().await {
+        item.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_streams_do_not_close_the_connection() {
+    let address = serve_burst_worker().await.unwrap();
     let worker = connect_worker(&address, &GrpcSettings::default()).unwrap();
 
     const NUM_STREAMS: usize = 64;

@@ -54,6 +54,9 @@ pub struct HttpSettings {
     pub anthropic_api: bool,
     /// `--reasoning-field-name`: the chat field that carries parsed reasoning.
     pub reasoning_field: crate::opts::ReasoningField,
+    /// `DYN_ENABLE_FORCE_INCLUDE_USAGE`: streamed chat and completions end with a usage chunk
+    /// whether or not the request asked for one (`stream_options.include_usage`).
+    pub force_include_usage: bool,
 }
 
 /// State shared by every handler.

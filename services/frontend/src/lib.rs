@@ -33,7 +33,6 @@ use kvmesh_runtime::connect::{self, Embedded};
 use kvmesh_runtime::discovery::registry::{Registry, instance_record};
 use kvmesh_runtime::lifecycle::{Drain, ServiceLifecycle};
 use kvmesh_runtime::shutdown::Inflight;
-use kvmesh_runtime::worker_client::GrpcSettings;
 use tokio_util::sync::CancellationToken;
 
 pub use opts::FrontendOpts;
@@ -52,7 +51,9 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let args = &opts.frontend;
     let router_config = args.router_config().map_err(|e| anyhow::anyhow!(e))?;
-    let metrics = FrontendMetrics::new(&args.metrics_prefix).context("register metrics")?;
+    let buckets = metrics::HistogramBuckets::from_process_env().map_err(anyhow::Error::msg)?;
+    let metrics =
+        FrontendMetrics::new(&args.metrics_prefix, &buckets).context("register metrics")?;
     let discovery = connect::discovery(&opts.runtime, embedded.as_ref()).await?;
     // Worker load only sharpens routing: without an event plane the routers use their own
     // tracking alone.
@@ -87,7 +88,7 @@ pub async fn run(
             stream_max_age: Duration::from_secs(opts.runtime.nats_stream_max_age),
             lanes: router_config.kv.event_threads,
         },
-        grpc: GrpcSettings::default(),
+        grpc: opts.runtime.grpc_settings(),
         remote_router: args.use_remote_router,
         router_addresses: args.router_addresses.clone(),
         migration_limit: args.migration_limit,
@@ -180,6 +181,9 @@ pub async fn run(
             disable_admin_api: kvmesh_runtime::config::env_truthy("DYN_DISABLE_FRONTEND_ADMIN_API"),
             anthropic_api: args.chat.anthropic_api(),
             reasoning_field: args.chat.reasoning_field_name,
+            force_include_usage: kvmesh_runtime::config::env_truthy(
+                "DYN_ENABLE_FORCE_INCLUDE_USAGE",
+            ),
         },
         inflight: Inflight::new(),
         draining: AtomicBool::new(false),

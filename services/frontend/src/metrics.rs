@@ -6,8 +6,10 @@ use prometheus::{
     IntGaugeVec, Opts, Registry,
 };
 
+mod buckets;
 mod router_series;
 
+pub use self::buckets::HistogramBuckets;
 use self::router_series::RouterComponentSeries;
 pub use self::router_series::{RouterOverhead, WorkerGauges, WorkerSeries};
 
@@ -93,8 +95,9 @@ pub(crate) fn latency_buckets() -> Vec<f64> {
 }
 
 impl FrontendMetrics {
-    /// Creates and registers every metric under `prefix`.
-    pub fn new(prefix: &str) -> prometheus::Result<Self> {
+    /// Creates and registers every metric under `prefix`, the request histograms with the
+    /// boundaries of `buckets`.
+    pub fn new(prefix: &str, buckets: &HistogramBuckets) -> prometheus::Result<Self> {
         let registry = Registry::new();
         let name = |suffix: &str| format!("{prefix}_{suffix}");
         let requests_total = IntCounterVec::new(
@@ -121,20 +124,28 @@ impl FrontendMetrics {
         let duration = histogram(
             "request_duration_seconds",
             "request duration",
-            latency_buckets(),
+            buckets.request_duration.clone(),
         )?;
         let ttft = histogram(
             "time_to_first_token_seconds",
             "time to first token",
-            latency_buckets(),
+            buckets.ttft.clone(),
         )?;
         let itl = histogram(
             "inter_token_latency_seconds",
             "time between tokens",
-            latency_buckets(),
+            buckets.itl.clone(),
         )?;
-        let input_tokens = histogram("input_sequence_tokens", "prompt tokens", token_buckets())?;
-        let output_tokens = histogram("output_sequence_tokens", "output tokens", token_buckets())?;
+        let input_tokens = histogram(
+            "input_sequence_tokens",
+            "prompt tokens",
+            buckets.input_sequence.clone(),
+        )?;
+        let output_tokens = histogram(
+            "output_sequence_tokens",
+            "output tokens",
+            buckets.output_sequence.clone(),
+        )?;
         let cached_tokens = histogram("cached_tokens", "prompt tokens cached", token_buckets())?;
         let output_tokens_total = IntCounterVec::new(
             Opts::new(name("output_tokens_total"), "output tokens"),

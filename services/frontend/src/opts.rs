@@ -325,6 +325,7 @@ impl FrontendArgs {
         if self.kserve.grpc_server() && self.kserve.kserve_grpc_port.is_some() {
             return Err("--kserve-grpc-port: with --kserve-grpc-server, KServe gRPC is served on --http-port; give one of the two".into());
         }
+        crate::metrics::HistogramBuckets::from_process_env()?;
         self.router_config().map(|_| ())
     }
 
@@ -337,6 +338,12 @@ impl FrontendArgs {
     {
         let mut warnings = self.router.startup_warnings(argv);
         warnings.extend(self.chat.notices());
+        let embedding_buckets = ["MIN", "MAX", "COUNT"].iter().any(|suffix| {
+            std::env::var_os(format!("DYN_METRICS_EMBEDDING_LATENCY_{suffix}")).is_some()
+        });
+        if embedding_buckets {
+            warnings.push("DYN_METRICS_EMBEDDING_LATENCY_* is not implemented yet; kvmesh has no embedding latency histogram and counts embedding requests in request_duration_seconds".into());
+        }
         warnings
     }
 

@@ -175,7 +175,11 @@ pub async fn run(
             let local = listener.local_addr()?;
             lifecycle.serve_grpc(
                 listener,
-                tonic::service::Routes::new(WorkerServer::new(service)),
+                tonic::service::Routes::new(
+                    WorkerServer::new(service)
+                        .max_decoding_message_size(opts.runtime.max_message_size())
+                        .max_encoding_message_size(opts.runtime.max_message_size()),
+                ),
             );
             (local.to_string(), "grpc")
         };

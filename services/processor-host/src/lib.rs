@@ -72,7 +72,11 @@ pub async fn run(
     let inflight = service.inflight();
     lifecycle.serve_grpc(
         listener,
-        tonic::service::Routes::new(ChatProcessorServer::new(service)),
+        tonic::service::Routes::new(
+            ChatProcessorServer::new(service)
+                .max_decoding_message_size(opts.runtime.max_message_size())
+                .max_encoding_message_size(opts.runtime.max_message_size()),
+        ),
     );
     let mut record = instance_record(
         &namespace,

@@ -16,7 +16,6 @@ use kvmesh_runtime::config::RuntimeOpts;
 use kvmesh_runtime::connect::{self, Embedded};
 use kvmesh_runtime::discovery::registry::{Registry, instance_record};
 use kvmesh_runtime::lifecycle::{Drain, ServiceLifecycle};
-use kvmesh_runtime::worker_client::GrpcSettings;
 use tokio_util::sync::CancellationToken;
 
 use crate::fleet::{IndexSettings, IndexSources, NamespaceFilter};
@@ -88,7 +87,7 @@ pub async fn run(
                 lanes: router_config.kv.event_threads,
             },
         ),
-        grpc: GrpcSettings::default(),
+        grpc: opts.runtime.grpc_settings(),
         router_id: format!("{:x}", discovery.instance_id()),
     };
     lifecycle.spawn(watch_models(table.clone(), fleet, lifecycle.stop_token()));
@@ -122,7 +121,11 @@ pub async fn run(
     }
     lifecycle.serve_grpc(
         listener,
-        tonic::service::Routes::new(RouterServer::new(service)),
+        tonic::service::Routes::new(
+            RouterServer::new(service)
+                .max_decoding_message_size(opts.runtime.max_message_size())
+                .max_encoding_message_size(opts.runtime.max_message_size()),
+        ),
     );
     let record = instance_record(
         &opts.namespace,

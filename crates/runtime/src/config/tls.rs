@@ -111,44 +111,56 @@ impl TlsOpts {
     /// The TLS flags that are set, in declaration order.
     fn set_flags(&self) -> Vec<&'static str> {
         [
-            ("--tls-cert-path", self.tls_cert_path.is_some()),
-            ("--tls-key-path", self.tls_key_path.is_some()),
             (
-                "--tls-client-ca-cert-path",
+                "--tls-cert-path (DYN_TLS_CERT_PATH)",
+                self.tls_cert_path.is_some(),
+            ),
+            (
+                "--tls-key-path (DYN_TLS_KEY_PATH)",
+                self.tls_key_path.is_some(),
+            ),
+            (
+                "--tls-client-ca-cert-path (DYN_TLS_CLIENT_CA_CERT_PATH)",
                 self.tls_client_ca_cert_path.is_some(),
             ),
-            ("--tcp-tls-cert-path", self.tcp_tls_cert_path.is_some()),
-            ("--tcp-tls-key-path", self.tcp_tls_key_path.is_some()),
             (
-                "--tcp-tls-ca-cert-path",
+                "--tcp-tls-cert-path (DYN_TCP_TLS_CERT_PATH)",
+                self.tcp_tls_cert_path.is_some(),
+            ),
+            (
+                "--tcp-tls-key-path (DYN_TCP_TLS_KEY_PATH)",
+                self.tcp_tls_key_path.is_some(),
+            ),
+            (
+                "--tcp-tls-ca-cert-path (DYN_TCP_TLS_CA_CERT_PATH)",
                 self.tcp_tls_ca_cert_path.is_some(),
             ),
             (
-                "--tcp-tls-client-cert-path",
+                "--tcp-tls-client-cert-path (DYN_TCP_TLS_CLIENT_CERT_PATH)",
                 self.tcp_tls_client_cert_path.is_some(),
             ),
             (
-                "--tcp-tls-client-key-path",
+                "--tcp-tls-client-key-path (DYN_TCP_TLS_CLIENT_KEY_PATH)",
                 self.tcp_tls_client_key_path.is_some(),
             ),
             (
-                "--tcp-tls-client-ca-cert-path",
+                "--tcp-tls-client-ca-cert-path (DYN_TCP_TLS_CLIENT_CA_CERT_PATH)",
                 self.tcp_tls_client_ca_cert_path.is_some(),
             ),
             (
-                "--nats-tls-ca-cert-path",
+                "--nats-tls-ca-cert-path (NATS_TLS_CA_CERT_PATH)",
                 self.nats_tls_ca_cert_path.is_some(),
             ),
             (
-                "--nats-tls-client-cert-path",
+                "--nats-tls-client-cert-path (NATS_TLS_CLIENT_CERT_PATH)",
                 self.nats_tls_client_cert_path.is_some(),
             ),
             (
-                "--nats-tls-client-key-path",
+                "--nats-tls-client-key-path (NATS_TLS_CLIENT_KEY_PATH)",
                 self.nats_tls_client_key_path.is_some(),
             ),
             (
-                "--nats-tls-insecure",
+                "--nats-tls-insecure (NATS_TLS_INSECURE)",
                 self.nats_tls_insecure && !self.no_nats_tls_insecure,
             ),
         ]

@@ -108,7 +108,7 @@ async fn respond(
         return Ok(axum::Json(response).into_response());
     }
 
-    let include_usage = request.include_usage();
+    let include_usage = request.include_usage() || state.settings.force_include_usage;
     // One role chunk per choice opens the stream; `nvext` rides on the first.
     let mut opening = Vec::new();
     let mut nvext = nvext;

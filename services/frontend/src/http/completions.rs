@@ -171,7 +171,7 @@ async fn serve(
         return Ok(axum::Json(response).into_response());
     }
 
-    let include_usage = request.include_usage();
+    let include_usage = request.include_usage() || state.settings.force_include_usage;
     let num_choices = sampling.n.max(1);
     let mut framer = CompletionFramer {
         id,
