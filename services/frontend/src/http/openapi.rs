@@ -19,6 +19,8 @@ use kvmesh_llm::openai::{
 };
 use kvmesh_llm::responses::ResponsesRequest;
 
+mod answers;
+
 /// The paths the routes are served at, after the `DYN_HTTP_SVC_*` overrides.
 pub struct RoutePaths {
     /// Chat completions.
@@ -73,7 +75,7 @@ pub fn document(paths: &RoutePaths) -> OpenApi {
                 "createChatCompletion",
                 "Chat completion, unary or streamed as server-sent events",
                 "ChatCompletionRequest",
-                Some("ChatCompletionResponse"),
+                "ChatCompletionResponse",
                 "ErrorResponse",
             ),
         )
@@ -83,7 +85,7 @@ pub fn document(paths: &RoutePaths) -> OpenApi {
                 "createCompletion",
                 "Text completion, unary or streamed as server-sent events",
                 "CompletionRequest",
-                Some("CompletionResponse"),
+                "CompletionResponse",
                 "ErrorResponse",
             ),
         )
@@ -93,7 +95,7 @@ pub fn document(paths: &RoutePaths) -> OpenApi {
                 "createEmbedding",
                 "Embeddings of strings or token ids",
                 "EmbeddingsRequest",
-                Some("EmbeddingsResponse"),
+                "EmbeddingsResponse",
                 "ErrorResponse",
             ),
         )
@@ -103,7 +105,7 @@ pub fn document(paths: &RoutePaths) -> OpenApi {
                 "createResponse",
                 "OpenAI Responses API (stateless), unary or streamed as numbered events",
                 "ResponsesRequest",
-                None,
+                "ResponseObject",
                 "ErrorResponse",
             ),
         )
@@ -133,7 +135,7 @@ pub fn document(paths: &RoutePaths) -> OpenApi {
                     "createMessage",
                     "Anthropic Messages, unary or streamed as named events",
                     "MessagesRequest",
-                    None,
+                    "MessageObject",
                     "AnthropicError",
                 ),
             )
@@ -143,7 +145,7 @@ pub fn document(paths: &RoutePaths) -> OpenApi {
                     "countMessageTokens",
                     "Tokens of a Messages request's rendered prompt",
                     "CountTokensRequest",
-                    None,
+                    "CountTokensResponse",
                     "AnthropicError",
                 ),
             );
@@ -153,6 +155,9 @@ pub fn document(paths: &RoutePaths) -> OpenApi {
     }
     let mut components = ComponentsBuilder::new()
         .schema("AnthropicError", anthropic_error())
+        .schema("ResponseObject", answers::response_object())
+        .schema("MessageObject", answers::message_object())
+        .schema("CountTokensResponse", answers::token_count())
         .build();
     register::<ChatCompletionRequest>(&mut components);
     register::<ChatCompletionResponse>(&mut components);
@@ -221,15 +226,12 @@ fn anthropic_error() -> RefOr<Schema> {
         .into()
 }
 
-/// A POST inference route: its JSON body, its 200 (JSON when `unary` names a schema, any JSON
-/// object otherwise, or an event stream) and its error statuses with `error` bodies.
-fn inference(id: &str, summary: &str, request: &str, unary: Option<&str>, error: &str) -> PathItem {
+/// A POST inference route: its JSON body, its 200 (the `unary` schema as JSON, or an event
+/// stream) and its error statuses with `error` bodies.
+fn inference(id: &str, summary: &str, request: &str, unary: &str, error: &str) -> PathItem {
     let ok = ResponseBuilder::new()
         .description("The answer; `stream: true` gets server-sent events")
-        .content(
-            "application/json",
-            Content::new(Some(unary.map_or_else(any_object, json_schema))),
-        )
+        .content("application/json", Content::new(Some(json_schema(unary))))
         .content("text/event-stream", Content::new(Some(text())))
         .build();
     let mut operation = OperationBuilder::new()
