@@ -184,3 +184,43 @@ def test_a_streaming_header_needs_the_pre_commit_peek(errors_mesh):
     # Without it the failure comes inside the 200 stream.
     r = chat(errors_mesh, "invalid", stream=True)
     assert r.status_code == 200 and "the request is not acceptable here" in r.text
+
+
+def test_kvmesh_up_runs_a_processor_with_one_command():
+    # `kvmesh up` is one process with in-memory discovery; with a custom processor it starts the
+    # host itself and both meet in a private store, which is gone when kvmesh up stops.
+    from conftest import Proc, free_port, wait_ready
+    port = free_port()
+    up = Proc("up-processor", ["kvmesh", "up", "--http-host", "127.0.0.1", "--http-port", str(port),
+                               "--tcp-rpc-port", str(free_port()), "--num-workers", "2",
+                               "--dyn-chat-processor", "errors_processor:provider",
+                               "--enable-anthropic-api", "--namespace", "dynamo"], python_env())
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_ready(base, "tiny", 2, [up])
+
+        class Up:
+            base_url = base
+        wait_processor_ready(Up)
+        # The processor answers: its own error and its own header, not the built-in path's.
+        r = chat(Up, "invalid")
+        assert r.status_code == 400 and "the request is not acceptable here" in r.text, r.text
+        r = chat(Up, "header")
+        assert r.status_code == 200 and r.headers.get("x-processor") == "yes", r.headers
+        # Streaming, and Messages through the processor, on the in-process workers.
+        r = chat(Up, "hello", stream=True)
+        assert r.status_code == 200 and "data: [DONE]" in r.text
+        import anthropic
+        claude = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0)
+        message = claude.messages.create(model="tiny", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+        assert message.usage.output_tokens == 4
+        # Completions keep the built-in path.
+        r = requests.post(f"{base}/v1/completions", timeout=30,
+                          json={"model": "tiny", "prompt": "hello", "max_tokens": 3})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+        store = Path(tempfile.gettempdir()) / f"kvmesh-up-{up.proc.pid}"
+        assert store.is_dir()
+    finally:
+        up.stop()
+    assert not store.exists()
+    assert "processor host started" in up.output()

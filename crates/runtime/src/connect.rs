@@ -61,16 +61,17 @@ pub async fn discovery(
     })
 }
 
-/// Connects the event plane: in-process with mem discovery, NATS otherwise.
+/// Connects the event plane: the embedded mesh's own when there is one (`kvmesh up`, whatever
+/// its discovery), in-process with mem discovery, NATS otherwise.
 pub async fn event_plane(
     opts: &RuntimeOpts,
     embedded: Option<&Embedded>,
 ) -> Result<Arc<dyn EventPlane>> {
+    if let Some(embedded) = embedded {
+        return Ok(embedded.events.clone());
+    }
     if opts.discovery_backend == DiscoveryBackend::Mem {
-        return Ok(match embedded {
-            Some(embedded) => embedded.events.clone(),
-            None => Arc::new(MemEventPlane::new()),
-        });
+        return Ok(Arc::new(MemEventPlane::new()));
     }
     Ok(Arc::new(NatsEventPlane::connect(&opts.nats_server).await?))
 }

@@ -140,15 +140,15 @@ pub async fn run(
             )
             .await?;
             if args.chat.spawn_processor_host {
-                if embedded.is_some()
-                    || opts.runtime.discovery_backend
-                        == kvmesh_runtime::config::DiscoveryBackend::Mem
-                {
+                if opts.runtime.discovery_backend == kvmesh_runtime::config::DiscoveryBackend::Mem {
                     kvmesh_runtime::config::exit_config_error(
                         "--dyn-chat-processor (DYN_CHAT_PROCESSOR): a processor host is a separate process and cannot see in-memory discovery; use --discovery-backend etcd or file",
                     );
                 }
-                lifecycle.spawn(processor::spawn_host(lifecycle.stop_token())?);
+                lifecycle.spawn(processor::spawn_host(
+                    &opts.runtime,
+                    lifecycle.stop_token(),
+                )?);
                 let started = lifecycle.wait_ready(&shutdown, || !hosts.is_empty()).await;
                 if let Err(error) = started {
                     kvmesh_runtime::config::exit_config_error(&format!(

@@ -50,7 +50,7 @@ pub fn parse_cli<T: clap::Parser>() -> T {
 }
 
 /// Runs the embedded mesh until SIGINT/SIGTERM.
-pub async fn run(opts: UpOpts) -> anyhow::Result<()> {
+pub async fn run(mut opts: UpOpts) -> anyhow::Result<()> {
     if opts.runtime.discovery_backend != DiscoveryBackend::Mem {
         kvmesh_runtime::config::exit_config_error(
             "--discovery-backend: kvmesh up runs in one process and needs mem; start kvmesh-frontend and kvmesh-mocker for other backends",
@@ -66,7 +66,27 @@ pub async fn run(opts: UpOpts) -> anyhow::Result<()> {
     opts.frontend.log_startup_warnings();
     let shutdown = kvmesh_runtime::shutdown::signal_token();
     let embedded = Embedded::new();
+    // A custom chat processor runs in a host process of its own, which cannot see in-memory
+    // discovery: the mesh registers in a private file store instead (events stay in-process).
+    let private_store = (opts.frontend.chat.custom_processor().is_some()
+        && opts.frontend.chat.spawn_processor_host)
+        .then(|| std::env::temp_dir().join(format!("kvmesh-up-{}", std::process::id())));
+    if let Some(store) = &private_store {
+        opts.runtime.discovery_backend = DiscoveryBackend::File;
+        opts.runtime.file_kv = Some(store.clone());
+    }
+    let result = run_mesh(opts, embedded, shutdown).await;
+    if let Some(store) = private_store {
+        let _ = std::fs::remove_dir_all(store);
+    }
+    result
+}
 
+async fn run_mesh(
+    opts: UpOpts,
+    embedded: Embedded,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<()> {
     let model_path = match &opts.frontend.model_path {
         Some(path) => path.clone(),
         None => crate::tiny_model::materialize()?,
