@@ -21,6 +21,7 @@ pub mod opts;
 pub mod pipeline;
 pub mod preprocess;
 pub mod processor;
+pub mod trace_context;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -297,6 +297,7 @@ pub(crate) async fn start(
                             && (!stream || state.settings.pre_commit_peek.is_some()),
                         peek: state.settings.pre_commit_peek.filter(|_| stream),
                         response_timeout: state.settings.backend_stream_timeout,
+                        trace: crate::trace_context::TraceContext::from_headers(headers),
                     },
                 );
             start_on_processor(hosts, &entry, scope, processor_request)

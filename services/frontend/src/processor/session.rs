@@ -50,6 +50,8 @@ pub(crate) struct ProcessorRequest<'a> {
     pub peek: Option<Duration>,
     /// The worker silence limit of each generate call.
     pub response_timeout: Option<Duration>,
+    /// The caller's trace, handed to the processor's `Context`.
+    pub trace: crate::trace_context::TraceContext,
 }
 
 /// Token counts of the request's calls, kept by the call pumps.
@@ -339,7 +341,9 @@ pub(crate) async fn start(
         model: entry.name.clone(),
         request_json,
         headers_allowed: processor_request.headers_allowed,
-        ..Default::default()
+        trace_id: processor_request.trace.trace_id.clone(),
+        span_id: processor_request.trace.span_id.clone(),
+        parent_span_id: processor_request.trace.parent_span_id.clone(),
     };
     up.send(ProcessUp {
         kind: Some(process_up::Kind::Start(start)),
