@@ -313,3 +313,24 @@ def test_nvext_switch_drops_the_guided_fields_too(pin_meshes):
         assert ignored.status_code == 200 and text(ignored.json()) != "kvmesh-choice-zzz", (path, ignored.text)
         root = requests.post(f"{disabled.base_url}{path}", json={**body, **choice}, timeout=30)
         assert text(root.json()) == "kvmesh-choice-zzz", (path, root.text)
+
+
+def test_nvext_legacy_sampling_fields_are_checked_and_dropped_with_the_switch(pin_meshes):
+    """Dynamo's legacy nvext.ignore_eos/top_k/min_p/repetition_penalty are read on every chat-family
+    endpoint (a bad value is a 400 naming nvext.<field>) and dropped with DYN_DISABLE_FRONTEND_NVEXT."""
+    normal, disabled = pin_meshes
+    legacy = {"ignore_eos": True, "top_k": 5, "min_p": 0.1, "repetition_penalty": 1.1}
+    for path, body in PINNED_ENDPOINTS.items():
+        if path == "/v1/embeddings":
+            continue
+        good = requests.post(f"{normal.base_url}{path}", json={"model": "tiny", **body, "nvext": legacy}, timeout=30)
+        assert good.status_code == 200, (path, good.text)
+        for field, value in [("top_k", "five"), ("repetition_penalty", 0), ("ignore_eos", "yes"), ("min_p", 2)]:
+            bad = {"model": "tiny", **body, "nvext": {field: value}}
+            r = requests.post(f"{normal.base_url}{path}", json=bad, timeout=30)
+            assert r.status_code == 400, (path, field, r.text)
+            assert f"nvext.{field}" in r.json()["error"]["message"], (path, r.text)
+            if path != "/v1/messages":
+                assert r.json()["error"]["param"] == f"nvext.{field}", (path, r.text)
+            r = requests.post(f"{disabled.base_url}{path}", json=bad, timeout=30)
+            assert r.status_code == 200, (path, field, r.text)

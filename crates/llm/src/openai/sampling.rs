@@ -341,7 +341,11 @@ fn validate_common(c: &Common<'_>) -> Result<(), LlmError> {
 fn normalize(c: &Common<'_>, logprobs: Option<u32>, guided: Option<Guided>) -> SamplingOptions {
     let mut stop_token_ids: Vec<u32> = c.stop.map(|s| s.token_ids().collect()).unwrap_or_default();
     stop_token_ids.extend(c.stop_token_ids.unwrap_or_default());
-    let is_greedy = nvext_sampling(c.nvext).is_ok_and(|nvext| nvext.is_greedy);
+    let nvext = nvext_sampling(c.nvext).unwrap_or_default();
+    let is_greedy = nvext.is_greedy;
+    let top_k = c.top_k.or(nvext.top_k);
+    let min_p = c.min_p.or(nvext.min_p);
+    let repetition_penalty = c.repetition_penalty.or(nvext.repetition_penalty);
     SamplingOptions {
         max_tokens: c.max_tokens.map(to_u32),
         min_tokens: c.min_tokens.map(to_u32).unwrap_or(0),
@@ -352,18 +356,18 @@ fn normalize(c: &Common<'_>, logprobs: Option<u32>, guided: Option<Guided>) -> S
             c.temperature.map(|v| v as f32)
         },
         top_p: c.top_p.map(|v| v as f32),
-        top_k: c.top_k.filter(|k| *k > 0).map(to_u32),
-        min_p: c.min_p.map(|v| v as f32),
+        top_k: top_k.filter(|k| *k > 0).map(to_u32),
+        min_p: min_p.map(|v| v as f32),
         presence_penalty: c.presence_penalty.map(|v| v as f32),
         frequency_penalty: c.frequency_penalty.map(|v| v as f32),
-        repetition_penalty: c.repetition_penalty.map(|v| v as f32),
+        repetition_penalty: repetition_penalty.map(|v| v as f32),
         seed: c.seed,
         stop: c
             .stop
             .map(|s| s.strings().map(str::to_owned).collect())
             .unwrap_or_default(),
         stop_token_ids,
-        ignore_eos: c.ignore_eos.unwrap_or(false),
+        ignore_eos: c.ignore_eos.or(nvext.ignore_eos).unwrap_or(false),
         skip_special_tokens: c.skip_special_tokens.unwrap_or(true),
         include_stop_str_in_output: c.include_stop_str_in_output.unwrap_or(false),
         logprobs,

@@ -79,3 +79,43 @@ fn nvext_greed_sampling_forces_greedy_on_both_endpoints() {
         .unwrap_err();
     assert!(matches!(error, LlmError::Unsupported(_)));
 }
+
+#[test]
+fn nvext_legacy_sampling_fields_apply_unless_the_top_level_field_is_set() {
+    let legacy = json!({"ignore_eos": true, "top_k": 5, "min_p": 0.25, "repetition_penalty": 1.5});
+    let chat_nvext = chat(json!({"nvext": legacy}));
+    chat_nvext.validate().unwrap();
+    let completion_nvext = completion(json!({"nvext": legacy}));
+    completion_nvext.validate().unwrap();
+    for options in [
+        chat_nvext.sampling_options(),
+        completion_nvext.sampling_options(),
+    ] {
+        assert!(options.ignore_eos);
+        assert_eq!(options.top_k, Some(5));
+        assert_eq!(options.min_p, Some(0.25));
+        assert_eq!(options.repetition_penalty, Some(1.5));
+    }
+    let root = chat(json!({
+        "ignore_eos": false, "top_k": 3, "min_p": 0.5, "repetition_penalty": 1.1, "nvext": legacy
+    }))
+    .sampling_options();
+    assert!(!root.ignore_eos);
+    assert_eq!(root.top_k, Some(3));
+    assert_eq!(root.min_p, Some(0.5));
+    assert_eq!(root.repetition_penalty, Some(1.1));
+    let disabled = chat(json!({"nvext": {"top_k": -1}})).sampling_options();
+    assert_eq!(disabled.top_k, None);
+    for (nvext, param) in [
+        (json!({"top_k": "five"}), "nvext.top_k"),
+        (
+            json!({"repetition_penalty": -1}),
+            "nvext.repetition_penalty",
+        ),
+        (json!({"ignore_eos": 1}), "nvext.ignore_eos"),
+        (json!({"min_p": 2}), "nvext.min_p"),
+    ] {
+        let error = completion(json!({"nvext": nvext})).validate().unwrap_err();
+        assert_eq!(error.param(), Some(param), "{nvext}");
+    }
+}
