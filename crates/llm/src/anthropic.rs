@@ -5,9 +5,11 @@
 //! Content blocks map onto chat messages (`content`); custom tools onto chat tools, while server
 //! tools (web search, bash, ...) are refused as not implemented; `thinking` onto
 //! `max_thinking_tokens` or, disabled, the template variable `enable_thinking: false`. Images and
-//! documents are refused as unsupported by a text model.
+//! documents are refused as unsupported by a text model. Claude Code's per-request billing line
+//! can be stripped from the system prompt first (`--strip-anthropic-preamble`).
 
 mod content;
+mod preamble;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -209,6 +211,12 @@ impl MessagesRequest {
         self.stream.unwrap_or(false)
     }
 
+    /// Removes Claude Code's billing attribution lines (`x-anthropic-billing-header: ...`)
+    /// from `system`, so that the prompt does not change from request to request.
+    pub fn strip_billing_preamble(&mut self) {
+        preamble::strip_billing_lines(&mut self.system);
+    }
+
     /// The equivalent chat request; a missing or non-positive `max_tokens` and unsupported
     /// blocks are errors naming the field.
     pub fn to_chat(&self) -> Result<ChatCompletionRequest, LlmError> {
@@ -269,6 +277,12 @@ impl MessagesRequest {
 }
 
 impl CountTokensRequest {
+    /// Removes the billing attribution lines from `system`, as
+    /// [`MessagesRequest::strip_billing_preamble`] does, so the count matches the request's.
+    pub fn strip_billing_preamble(&mut self) {
+        preamble::strip_billing_lines(&mut self.system);
+    }
+
     /// The chat request whose rendered prompt is counted.
     pub fn to_chat(&self) -> Result<ChatCompletionRequest, LlmError> {
         Ok(ChatCompletionRequest {

@@ -52,6 +52,9 @@ pub struct HttpSettings {
     pub disable_admin_api: bool,
     /// `--enable-anthropic-api`: `/v1/messages` and `/v1/messages/count_tokens` are served.
     pub anthropic_api: bool,
+    /// `--strip-anthropic-preamble`: Claude Code's billing line leaves the Messages system
+    /// prompt before it is rendered.
+    pub strip_anthropic_preamble: bool,
     /// `--reasoning-field-name`: the chat field that carries parsed reasoning.
     pub reasoning_field: crate::opts::ReasoningField,
     /// `DYN_ENABLE_FORCE_INCLUDE_USAGE`: streamed chat and completions end with a usage chunk

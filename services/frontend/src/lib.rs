@@ -181,6 +181,7 @@ pub async fn run(
             disable_nvext: kvmesh_runtime::config::env_truthy("DYN_DISABLE_FRONTEND_NVEXT"),
             disable_admin_api: kvmesh_runtime::config::env_truthy("DYN_DISABLE_FRONTEND_ADMIN_API"),
             anthropic_api: args.chat.anthropic_api(),
+            strip_anthropic_preamble: args.chat.strip_anthropic_preamble(),
             reasoning_field: args.chat.reasoning_field_name,
             force_include_usage: kvmesh_runtime::config::env_truthy(
                 "DYN_ENABLE_FORCE_INCLUDE_USAGE",

@@ -32,12 +32,15 @@ impl Endpoint for Messages {
 
     async fn handle(
         state: &Arc<AppState>,
-        request: MessagesRequest,
+        mut request: MessagesRequest,
         arrival: Arrival<'_>,
     ) -> Result<Response, FrontendError> {
         arrival
             .early
             .parsed(state, &request.model, request.is_stream());
+        if state.settings.strip_anthropic_preamble {
+            request.strip_billing_preamble();
+        }
         let mut chat = request.to_chat()?;
         super::drop_disabled_nvext(&state.settings, &mut chat.nvext);
         let chat = Arc::new(chat);
@@ -56,7 +59,10 @@ pub async fn count_tokens(
     let request_id = request_id(&headers);
     let counted = async {
         let body = body_bytes(&state, body)?;
-        let request: CountTokensRequest = parse_json(&body)?;
+        let mut request: CountTokensRequest = parse_json(&body)?;
+        if state.settings.strip_anthropic_preamble {
+            request.strip_billing_preamble();
+        }
         let chat = Arc::new(request.to_chat()?);
         let entry = state
             .models

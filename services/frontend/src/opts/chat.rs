@@ -27,8 +27,9 @@ pub struct ChatOpts {
     #[arg(long, overrides_with = "enable_anthropic_api")]
     pub no_enable_anthropic_api: bool,
 
-    /// Strip Claude Code's billing preamble from the system prompt (accepted; kvmesh keeps the
-    /// system prompt as sent).
+    /// Strip Claude Code's billing attribution line (`x-anthropic-billing-header: ...`) from
+    /// the Anthropic Messages system prompt, so that prompt caching is not broken by a line that
+    /// changes per request.
     #[arg(long, env = "DYN_STRIP_ANTHROPIC_PREAMBLE", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
     pub strip_anthropic_preamble: bool,
     /// Turn --strip-anthropic-preamble off.
@@ -123,6 +124,14 @@ impl ChatOpts {
         negatable(self.enable_anthropic_api, self.no_enable_anthropic_api)
     }
 
+    /// Whether Claude Code's billing line leaves the Messages system prompt.
+    pub fn strip_anthropic_preamble(&self) -> bool {
+        negatable(
+            self.strip_anthropic_preamble,
+            self.no_strip_anthropic_preamble,
+        )
+    }
+
     /// Whether tools leave the chat template when `tool_choice` is `none`.
     pub fn exclude_tools_when_tool_choice_none(&self) -> bool {
         negatable(
@@ -148,17 +157,6 @@ impl ChatOpts {
         let mut later = |flag: &str, instead: &str| {
             warnings.push(format!("{flag} is not implemented yet; kvmesh {instead}"));
         };
-        if self.anthropic_api()
-            && negatable(
-                self.strip_anthropic_preamble,
-                self.no_strip_anthropic_preamble,
-            )
-        {
-            later(
-                "--strip-anthropic-preamble",
-                "keeps the Anthropic system prompt as sent",
-            );
-        }
         if negatable(
             self.enable_streaming_tool_dispatch,
             self.no_enable_streaming_tool_dispatch,
