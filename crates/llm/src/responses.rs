@@ -7,7 +7,9 @@
 //! items map onto chat messages (`message` items by role, `function_call` items onto an assistant
 //! message's `tool_calls`, `function_call_output` items onto `tool` messages).
 
-use serde::Deserialize;
+mod options;
+
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::LlmError;
@@ -70,6 +72,35 @@ pub struct ResponsesRequest {
     /// with `name`, `schema`, `strict`), as `response_format` does on chat.
     #[serde(default)]
     pub text: Option<ResponsesText>,
+    /// Extra output: `message.output_text.logprobs` returns log probabilities; the values for
+    /// built-in tool calls and input images change nothing; `reasoning.encrypted_content` is
+    /// not implemented (501).
+    #[serde(default)]
+    pub include: Option<Vec<String>>,
+    /// Alternatives per output position, 0 to 20; a positive value returns log probabilities
+    /// as `include: ["message.output_text.logprobs"]` does.
+    #[serde(default)]
+    pub top_logprobs: Option<i64>,
+    /// `disabled` (the default) or `auto`, which is not implemented (501): the input is never
+    /// truncated.
+    #[serde(default)]
+    pub truncation: Option<String>,
+    /// Most `function_call` items in the response; further calls are dropped.
+    #[serde(default)]
+    pub max_tool_calls: Option<i64>,
+    /// End-user id; accepted, no effect, echoed back.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Processing tier; accepted, no effect, echoed back.
+    #[serde(default)]
+    pub service_tier: Option<String>,
+    /// Stable id of the end user for abuse detection; accepted, no effect, echoed back.
+    #[serde(default)]
+    pub safety_identifier: Option<String>,
+    /// Prompt-cache bucketing key; accepted, no effect (the router follows the prompt itself),
+    /// echoed back.
+    #[serde(default)]
+    pub prompt_cache_key: Option<String>,
     /// NVIDIA extensions, as on the chat endpoint.
     #[serde(default)]
     pub nvext: Option<Value>,
@@ -161,8 +192,9 @@ pub struct InputItem {
     pub output: Option<Value>,
 }
 
-/// A function tool of the Responses API (flat, unlike chat's `{type, function: {...}}`).
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+/// A function tool of the Responses API (flat, unlike chat's `{type, function: {...}}`);
+/// serialized as the response object echoes it.
+#[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
 pub struct ResponsesTool {
     /// `function`; other tool types are refused.
     #[serde(rename = "type")]
@@ -185,6 +217,12 @@ impl ResponsesRequest {
     /// Whether the response streams.
     pub fn is_stream(&self) -> bool {
         self.stream.unwrap_or(false)
+    }
+
+    /// The most `function_call` items the response may hold (`max_tool_calls`), if limited;
+    /// call after [`Self::to_chat`], which rejects a negative one.
+    pub fn max_tool_calls(&self) -> Option<u32> {
+        options::max_tool_calls(self.max_tool_calls).ok().flatten()
     }
 
     /// The equivalent chat request.
@@ -211,6 +249,9 @@ impl ResponsesRequest {
                 "'prompt' (a stored prompt template) is not supported; send the instructions and input themselves".to_owned(),
             ));
         }
+        options::check_truncation(self.truncation.as_deref())?;
+        options::max_tool_calls(self.max_tool_calls)?;
+        let is_logprobs = options::wants_logprobs(self.include.as_deref(), self.top_logprobs)?;
         if let Some(n) = self.max_output_tokens.filter(|n| *n < 1) {
             return Err(invalid(
                 "max_output_tokens",
@@ -239,6 +280,9 @@ impl ResponsesRequest {
             temperature: self.temperature,
             top_p: self.top_p,
             stream: self.stream,
+            logprobs: is_logprobs.then_some(true),
+            top_logprobs: self.top_logprobs,
+            user: self.user.clone(),
             nvext: self.nvext.clone(),
             tools: self.tools.as_deref().map(chat_tools).transpose()?,
             tool_choice: self.tool_choice.as_ref().map(tool_choice).transpose()?,

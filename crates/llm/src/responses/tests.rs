@@ -89,3 +89,56 @@ fn parallel_tool_calls_and_reasoning_effort_reach_the_chat_request() {
         (None, None)
     );
 }
+
+#[test]
+fn include_logprobs_top_logprobs_and_user_reach_the_chat_request() {
+    let chat = request(serde_json::json!({
+        "model": "m", "input": "x", "include": ["message.output_text.logprobs"],
+        "top_logprobs": 2, "user": "u", "service_tier": "auto", "safety_identifier": "s",
+        "prompt_cache_key": "k", "truncation": "disabled", "max_tool_calls": 1
+    }))
+    .to_chat()
+    .unwrap();
+    assert_eq!((chat.logprobs, chat.top_logprobs), (Some(true), Some(2)));
+    assert_eq!(chat.user.as_deref(), Some("u"));
+    chat.validate().unwrap();
+    let plain = request(serde_json::json!({"model": "m", "input": "x"}))
+        .to_chat()
+        .unwrap();
+    assert_eq!(plain.logprobs, None);
+}
+
+#[test]
+fn output_options_refuse_what_they_cannot_honour() {
+    for (patch, param) in [
+        (serde_json::json!({"truncation": "both"}), "truncation"),
+        (serde_json::json!({"include": ["no.such.value"]}), "include"),
+        (serde_json::json!({"max_tool_calls": -1}), "max_tool_calls"),
+    ] {
+        let mut body = serde_json::json!({"model": "m", "input": "x"});
+        body.as_object_mut()
+            .unwrap()
+            .extend(patch.as_object().unwrap().clone());
+        assert_eq!(request(body).to_chat().unwrap_err().param(), Some(param));
+    }
+    for (patch, field) in [
+        (serde_json::json!({"truncation": "auto"}), "'truncation'"),
+        (
+            serde_json::json!({"include": ["reasoning.encrypted_content"]}),
+            "'include' value 'reasoning.encrypted_content'",
+        ),
+    ] {
+        let mut body = serde_json::json!({"model": "m", "input": "x"});
+        body.as_object_mut()
+            .unwrap()
+            .extend(patch.as_object().unwrap().clone());
+        match request(body).to_chat() {
+            Err(LlmError::Unsupported(message)) => assert!(message.starts_with(field), "{message}"),
+            other => panic!("expected a 501 naming {field}, got {other:?}"),
+        }
+    }
+    let chat = request(serde_json::json!({"model": "m", "input": "x", "top_logprobs": 21}))
+        .to_chat()
+        .unwrap();
+    assert_eq!(chat.validate().unwrap_err().param(), Some("top_logprobs"));
+}

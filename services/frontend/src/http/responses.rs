@@ -5,10 +5,11 @@
 use std::sync::Arc;
 
 use axum::response::{IntoResponse, Response};
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use kvmesh_llm::openai::FinishReason;
 use kvmesh_llm::responses::ResponsesRequest;
-use serde_json::{Value, json};
+use kvmesh_proto::v1::TokenLogprob;
+use serde_json::{Map, Value, json};
 
 use super::AppState;
 use super::chat::{self, StartedChat};
@@ -17,6 +18,7 @@ use super::openai_shared::now_secs;
 use super::sse;
 use crate::error::FrontendError;
 use crate::generate::{TextDelta, TokenUsage};
+use crate::logprobs::LogprobText;
 
 mod stream;
 
@@ -56,8 +58,10 @@ async fn respond(
         deltas,
         mut scope,
         model,
+        logprobs,
         ..
     } = started;
+    let deltas = limit_tool_calls(deltas, request.max_tool_calls());
     let compact = request_id.replace('-', "");
     let shape = ResponseShape {
         compact_id: compact.clone(),
@@ -65,12 +69,8 @@ async fn respond(
         message_id: format!("msg_{compact}"),
         model,
         created_at: now_secs(),
-        instructions: request.instructions.clone(),
-        temperature: request.temperature,
-        top_p: request.top_p,
-        max_output_tokens: request.max_output_tokens,
-        parallel_tool_calls: request.parallel_tool_calls.unwrap_or(true),
-        metadata: request.metadata.clone().unwrap_or_default(),
+        echo: echoed_fields(request),
+        logprobs,
     };
 
     if !request.is_stream() {
@@ -83,7 +83,7 @@ async fn respond(
             output.push(shape.reasoning_item(&answer.reasoning, Status::Completed));
         }
         if !answer.text.trim().is_empty() || answer.tool_calls.is_empty() {
-            output.push(shape.message(&answer.text, status));
+            output.push(shape.message(&answer.text, &answer.logprobs, status));
         }
         for call in &answer.tool_calls {
             output.push(shape.function_call_item(
@@ -100,6 +100,54 @@ async fn respond(
     let opening = framer.opening();
     let events = sse::delta_events(scope, deltas, Some(opening), framer);
     Ok(sse::sse_response(events, state.settings.sse_keep_alive))
+}
+
+/// `deltas` with every tool call past the first `max` dropped (`max_tool_calls`).
+fn limit_tool_calls(
+    deltas: impl Stream<Item = Result<TextDelta, FrontendError>> + Send + 'static,
+    max: Option<u32>,
+) -> impl Stream<Item = Result<TextDelta, FrontendError>> + Send + 'static {
+    let mut num_calls = 0u32;
+    deltas.map(move |delta| {
+        let mut delta = delta?;
+        if let Some(max) = max {
+            let room = max.saturating_sub(num_calls) as usize;
+            delta.tool_calls.truncate(room);
+            num_calls += delta.tool_calls.len() as u32;
+        }
+        Ok(delta)
+    })
+}
+
+/// The request fields every response object repeats, with OpenAI's defaults where the request
+/// left them out.
+fn echoed_fields(request: &ResponsesRequest) -> Map<String, Value> {
+    let tools = request
+        .tools
+        .as_ref()
+        .and_then(|tools| serde_json::to_value(tools).ok())
+        .unwrap_or_else(|| json!([]));
+    let echo = json!({
+        "instructions": request.instructions,
+        "max_output_tokens": request.max_output_tokens,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "parallel_tool_calls": request.parallel_tool_calls.unwrap_or(true),
+        "tool_choice": request.tool_choice.clone().unwrap_or_else(|| json!("auto")),
+        "tools": tools,
+        "metadata": request.metadata.clone().unwrap_or_default(),
+        "top_logprobs": request.top_logprobs.unwrap_or(0),
+        "max_tool_calls": request.max_tool_calls,
+        "truncation": request.truncation.as_deref().unwrap_or("disabled"),
+        "user": request.user,
+        "service_tier": request.service_tier,
+        "safety_identifier": request.safety_identifier,
+        "prompt_cache_key": request.prompt_cache_key,
+    });
+    match echo {
+        Value::Object(fields) => fields,
+        _ => Map::new(),
+    }
 }
 
 /// How a response (or one of its items) ended.
@@ -136,23 +184,41 @@ struct ResponseShape {
     message_id: String,
     model: String,
     created_at: u64,
-    instructions: Option<String>,
-    temperature: Option<f64>,
-    top_p: Option<f64>,
-    max_output_tokens: Option<i64>,
-    parallel_tool_calls: bool,
-    metadata: serde_json::Map<String, Value>,
+    /// The request fields the response object repeats.
+    echo: Map<String, Value>,
+    /// Names the tokens of the log probabilities, when the request asked for them.
+    logprobs: Option<LogprobText>,
 }
 
 impl ResponseShape {
-    fn message(&self, text: &str, status: Status) -> Value {
+    /// The message item; its `output_text` part carries `logprobs` when they were asked for.
+    fn message(&self, text: &str, logprobs: &[TokenLogprob], status: Status) -> Value {
         json!({
             "type": "message",
             "id": self.message_id,
             "status": status.as_str(),
             "role": "assistant",
-            "content": [output_text(text)],
+            "content": [self.output_text(text, logprobs)],
         })
+    }
+
+    /// An `output_text` part, with the log probabilities of its tokens when asked for.
+    fn output_text(&self, text: &str, logprobs: &[TokenLogprob]) -> Value {
+        let mut part = json!({"type": "output_text", "text": text, "annotations": []});
+        if self.logprobs.is_some() {
+            part["logprobs"] = self.logprob_entries(logprobs);
+        }
+        part
+    }
+
+    /// Log probabilities as the Responses API lists them (`token`, `logprob`, `bytes`,
+    /// `top_logprobs`); an empty list when the request did not ask for them.
+    fn logprob_entries(&self, logprobs: &[TokenLogprob]) -> Value {
+        self.logprobs
+            .as_ref()
+            .and_then(|namer| serde_json::to_value(namer.chat(logprobs).content).ok())
+            .filter(|entries| !entries.is_null())
+            .unwrap_or_else(|| json!([]))
     }
 
     fn reasoning_id(&self) -> String {
@@ -195,21 +261,13 @@ impl ResponseShape {
         usage: Option<TokenUsage>,
         error: Option<Value>,
     ) -> Value {
-        json!({
+        let mut response = json!({
             "id": self.id,
             "object": "response",
             "created_at": self.created_at,
             "status": status.as_str(),
             "model": self.model,
             "output": output,
-            "instructions": self.instructions,
-            "max_output_tokens": self.max_output_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "parallel_tool_calls": self.parallel_tool_calls,
-            "tool_choice": "auto",
-            "tools": [],
-            "metadata": self.metadata,
             "store": false,
             "error": error,
             "incomplete_details": (status == Status::Incomplete)
@@ -221,10 +279,10 @@ impl ResponseShape {
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": usage.prompt_tokens + usage.completion_tokens,
             })),
-        })
+        });
+        if let Value::Object(fields) = &mut response {
+            fields.extend(self.echo.clone());
+        }
+        response
     }
-}
-
-fn output_text(text: &str) -> Value {
-    json!({"type": "output_text", "text": text, "annotations": []})
 }

@@ -6,7 +6,9 @@ use axum::body::Bytes;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::{ResponseShape, Status, output_text};
+use kvmesh_proto::v1::TokenLogprob;
+
+use super::{ResponseShape, Status};
 use crate::error::FrontendError;
 use crate::generate::{TextDelta, TokenUsage};
 use crate::http::sse;
@@ -22,7 +24,7 @@ struct TextDeltaEvent<'a> {
     content_index: u32,
     delta: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
-    logprobs: Option<[(); 0]>,
+    logprobs: Option<Value>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -31,11 +33,12 @@ enum ItemKind {
     Message,
 }
 
-/// The item being written: its kind, output index and text so far.
+/// The item being written: its kind, output index, text and log probabilities so far.
 struct OpenItem {
     kind: ItemKind,
     index: u32,
     text: String,
+    logprobs: Vec<TokenLogprob>,
 }
 
 /// Responses events, each with the next `sequence_number`: created and in progress; then per
@@ -49,6 +52,9 @@ pub(super) struct ResponsesFramer {
     open: Option<OpenItem>,
     /// Items closed so far, for the final response.
     done: Vec<Value>,
+    /// Log probabilities of tokens whose text has not gone out in a message delta yet (held
+    /// back, or thinking): they go with the next one.
+    pending_logprobs: Vec<TokenLogprob>,
 }
 
 impl ResponsesFramer {
@@ -59,6 +65,7 @@ impl ResponsesFramer {
             status: Status::Completed,
             open: None,
             done: Vec::new(),
+            pending_logprobs: Vec::new(),
         }
     }
 
@@ -98,7 +105,7 @@ impl ResponsesFramer {
         let item_id = self.item_id(kind);
         let mut item = match kind {
             ItemKind::Reasoning => self.shape.reasoning_item("", Status::InProgress),
-            ItemKind::Message => self.shape.message("", Status::InProgress),
+            ItemKind::Message => self.shape.message("", &[], Status::InProgress),
         };
         item["content"] = json!([]);
         events.push(self.event(
@@ -106,20 +113,28 @@ impl ResponsesFramer {
             json!({"output_index": index, "item": item}),
         ));
         if kind == ItemKind::Message {
+            let part = self.shape.output_text("", &[]);
             events.push(self.event(
                 "response.content_part.added",
-                json!({"item_id": item_id, "output_index": index, "content_index": 0, "part": output_text("")}),
+                json!({"item_id": item_id, "output_index": index, "content_index": 0, "part": part}),
             ));
         }
         self.open = Some(OpenItem {
             kind,
             index,
             text: String::new(),
+            logprobs: Vec::new(),
         });
     }
 
     fn close_item(&mut self, events: &mut Vec<Bytes>) {
-        let Some(OpenItem { kind, index, text }) = self.open.take() else {
+        let Some(OpenItem {
+            kind,
+            index,
+            text,
+            logprobs,
+        }) = self.open.take()
+        else {
             return;
         };
         let item_id = self.item_id(kind);
@@ -132,15 +147,17 @@ impl ResponsesFramer {
                 self.shape.reasoning_item(&text, Status::Completed)
             }
             ItemKind::Message => {
+                let entries = self.shape.logprob_entries(&logprobs);
                 events.push(self.event(
                     "response.output_text.done",
-                    json!({"item_id": item_id, "output_index": index, "content_index": 0, "text": text, "logprobs": []}),
+                    json!({"item_id": item_id, "output_index": index, "content_index": 0, "text": text, "logprobs": entries}),
                 ));
+                let part = self.shape.output_text(&text, &logprobs);
                 events.push(self.event(
                     "response.content_part.done",
-                    json!({"item_id": item_id, "output_index": index, "content_index": 0, "part": output_text(&text)}),
+                    json!({"item_id": item_id, "output_index": index, "content_index": 0, "part": part}),
                 ));
-                self.shape.message(&text, self.status)
+                self.shape.message(&text, &logprobs, self.status)
             }
         };
         events.push(self.event(
@@ -159,7 +176,11 @@ impl ResponsesFramer {
         item.text.push_str(text);
         let (event, logprobs) = match kind {
             ItemKind::Reasoning => ("response.reasoning_text.delta", None),
-            ItemKind::Message => ("response.output_text.delta", Some([])),
+            ItemKind::Message => {
+                let entries = self.shape.logprob_entries(&self.pending_logprobs);
+                item.logprobs.append(&mut self.pending_logprobs);
+                ("response.output_text.delta", Some(entries))
+            }
         };
         events.push(sse::named_event(
             event,
@@ -214,6 +235,9 @@ impl ResponsesFramer {
 
 impl sse::ChunkFramer for ResponsesFramer {
     fn delta(&mut self, delta: &TextDelta, events: &mut Vec<Bytes>) {
+        if self.shape.logprobs.is_some() {
+            self.pending_logprobs.extend_from_slice(&delta.logprobs);
+        }
         if !delta.reasoning.is_empty() {
             self.text(ItemKind::Reasoning, &delta.reasoning, events);
         }
@@ -238,6 +262,14 @@ impl sse::ChunkFramer for ResponsesFramer {
         if self.done.is_empty() && self.open.is_none() {
             self.open(ItemKind::Message, events);
         }
+        let is_message_open = self
+            .open
+            .as_ref()
+            .is_some_and(|item| item.kind == ItemKind::Message);
+        if is_message_open && !self.pending_logprobs.is_empty() {
+            // Tokens whose text never came out (a held-back tail) still get their entries.
+            self.text(ItemKind::Message, "", events);
+        }
         self.close_item(events);
         let output = std::mem::take(&mut self.done);
         let response = self.shape.response(self.status, output, usage, None);
@@ -261,7 +293,10 @@ impl sse::ChunkFramer for ResponsesFramer {
         if let Some(item) = self.open.take() {
             output.push(match item.kind {
                 ItemKind::Reasoning => self.shape.reasoning_item(&item.text, Status::Incomplete),
-                ItemKind::Message => self.shape.message(&item.text, Status::Incomplete),
+                ItemKind::Message => {
+                    self.shape
+                        .message(&item.text, &item.logprobs, Status::Incomplete)
+                }
             });
         }
         let response = self

@@ -1,0 +1,136 @@
+//! The Responses options that shape the output rather than the prompt: `include`, `truncation`,
+//! `top_logprobs` and `max_tool_calls` (docs/http-api.md, "Responses API").
+
+use crate::error::LlmError;
+
+/// The `include` value that puts the log probabilities of the output text on its
+/// `output_text` parts.
+const INCLUDE_LOGPROBS: &str = "message.output_text.logprobs";
+
+/// `include` values that change nothing here: they ask for parts of items this server never
+/// produces (built-in tool calls, input images), so the output is the same with or without them.
+const INCLUDE_NO_EFFECT: &[&str] = &[
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs",
+];
+
+/// `include` values of the API this server cannot honour (a 501 naming the value).
+const INCLUDE_UNSUPPORTED: &[&str] = &["reasoning.encrypted_content"];
+
+/// Whether the output text carries log probabilities: asked for by `include` or implied by a
+/// positive `top_logprobs`. An `include` value of the API this server cannot honour is a 501
+/// naming it, an unknown one a 400 naming `include`.
+pub(super) fn wants_logprobs(
+    include: Option<&[String]>,
+    top_logprobs: Option<i64>,
+) -> Result<bool, LlmError> {
+    let mut is_logprobs = top_logprobs.is_some_and(|top| top > 0);
+    for value in include.unwrap_or_default() {
+        if value == INCLUDE_LOGPROBS {
+            is_logprobs = true;
+        } else if !INCLUDE_NO_EFFECT.contains(&value.as_str()) {
+            let reason = if INCLUDE_UNSUPPORTED.contains(&value.as_str()) {
+                "is not supported: reasoning comes back as plain reasoning_text, with nothing encrypted to carry into a later request"
+            } else {
+                "is not a known include value"
+            };
+            return Err(LlmError::unhandled_kind(
+                value,
+                INCLUDE_UNSUPPORTED,
+                "include",
+                format!("'include' value '{value}' {reason}"),
+            ));
+        }
+    }
+    Ok(is_logprobs)
+}
+
+/// `truncation`: `disabled` (the default) is what this server does; `auto` would drop input
+/// items to fit the context, which it never does (a 501); anything else is a 400.
+pub(super) fn check_truncation(truncation: Option<&str>) -> Result<(), LlmError> {
+    match truncation {
+        None | Some("disabled") => Ok(()),
+        Some("auto") => Err(LlmError::Unsupported(
+            "'truncation' \"auto\" is not supported: the input is never truncated; an input over the context length is a 400".to_owned(),
+        )),
+        Some(other) => Err(LlmError::invalid(
+            "truncation",
+            format!("'truncation' must be \"auto\" or \"disabled\", got {other:?}"),
+        )),
+    }
+}
+
+/// `max_tool_calls`: the most `function_call` items of a response, at least 0.
+pub(super) fn max_tool_calls(value: Option<i64>) -> Result<Option<u32>, LlmError> {
+    match value {
+        None => Ok(None),
+        Some(max) => u32::try_from(max).map(Some).map_err(|_| {
+            LlmError::invalid(
+                "max_tool_calls",
+                format!("'max_tool_calls' must be an integer >= 0, got {max}"),
+            )
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::LlmErrorCode;
+
+    fn include(values: &[&str]) -> Vec<String> {
+        values.iter().map(|value| (*value).to_owned()).collect()
+    }
+
+    #[test]
+    fn logprobs_come_from_include_or_a_positive_top_logprobs() {
+        assert!(!wants_logprobs(None, None).unwrap());
+        assert!(!wants_logprobs(None, Some(0)).unwrap());
+        assert!(wants_logprobs(None, Some(3)).unwrap());
+        assert!(wants_logprobs(Some(&include(&[INCLUDE_LOGPROBS])), None).unwrap());
+        assert!(!wants_logprobs(Some(&include(INCLUDE_NO_EFFECT)), None).unwrap());
+    }
+
+    #[test]
+    fn encrypted_reasoning_is_a_501_and_an_unknown_include_a_400() {
+        let error =
+            wants_logprobs(Some(&include(&["reasoning.encrypted_content"])), None).unwrap_err();
+        assert_eq!(error.code(), LlmErrorCode::NotImplemented);
+        assert!(
+            error
+                .to_string()
+                .starts_with("'include' value 'reasoning.encrypted_content'"),
+            "{error}"
+        );
+        let error = wants_logprobs(Some(&include(&["message.nonsense"])), None).unwrap_err();
+        assert_eq!(error.param(), Some("include"));
+    }
+
+    #[test]
+    fn truncation_auto_is_a_501_and_a_bad_value_a_400() {
+        check_truncation(None).unwrap();
+        check_truncation(Some("disabled")).unwrap();
+        let error = check_truncation(Some("auto")).unwrap_err();
+        assert_eq!(error.code(), LlmErrorCode::NotImplemented);
+        assert!(error.to_string().starts_with("'truncation'"), "{error}");
+        assert_eq!(
+            check_truncation(Some("sometimes")).unwrap_err().param(),
+            Some("truncation")
+        );
+    }
+
+    #[test]
+    fn max_tool_calls_is_a_count() {
+        assert_eq!(max_tool_calls(None).unwrap(), None);
+        assert_eq!(max_tool_calls(Some(0)).unwrap(), Some(0));
+        assert_eq!(max_tool_calls(Some(2)).unwrap(), Some(2));
+        assert_eq!(
+            max_tool_calls(Some(-1)).unwrap_err().param(),
+            Some("max_tool_calls")
+        );
+    }
+}
