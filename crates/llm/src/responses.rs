@@ -73,8 +73,8 @@ pub struct ResponsesRequest {
     #[serde(default)]
     pub text: Option<ResponsesText>,
     /// Extra output: `message.output_text.logprobs` returns log probabilities; the values for
-    /// built-in tool calls and input images change nothing; `reasoning.encrypted_content` is
-    /// not implemented (501).
+    /// built-in tool calls, input images and `reasoning.encrypted_content` change nothing (docs/
+    /// http-api.md says why); any other value is a 400.
     #[serde(default)]
     pub include: Option<Vec<String>>,
     /// Alternatives per output position, 0 to 20; a positive value returns log probabilities
@@ -351,6 +351,9 @@ fn push_item(
                 }),
             }
         }
+        // An earlier turn's reasoning, sent back by agents that replay the whole output: not
+        // rendered again, as reasoning models' chat templates drop earlier turns' thinking.
+        "reasoning" => {}
         "function_call_output" => {
             let output = match &item.output {
                 None | Some(Value::Null) => String::new(),
@@ -368,7 +371,6 @@ fn push_item(
             return Err(LlmError::unhandled_kind(
                 other,
                 &[
-                    "reasoning",
                     "item_reference",
                     "file_search_call",
                     "web_search_call",

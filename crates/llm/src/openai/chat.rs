@@ -89,6 +89,9 @@ pub struct ChatCompletionRequest {
     /// vLLM: a context-free grammar; not supported (501).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guided_grammar: Option<Value>,
+    /// vLLM: the whitespace guided JSON may use; not supported (501).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guided_whitespace_pattern: Option<Value>,
     /// vLLM: the guided decoding backend; accepted, the engine picks its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guided_decoding_backend: Option<String>,

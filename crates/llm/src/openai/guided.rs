@@ -34,6 +34,9 @@ pub struct GuidedFields<'a> {
     pub choice: Option<&'a Value>,
     /// `guided_grammar`: not supported (501).
     pub grammar: Option<&'a Value>,
+    /// `guided_whitespace_pattern`: not supported (501); the engine picks the whitespace of
+    /// guided JSON.
+    pub whitespace_pattern: Option<&'a Value>,
 }
 
 /// One guided field and the name it was given under (`guided_json` or `nvext.guided_json`).
@@ -86,6 +89,14 @@ pub fn guided_decoding(
         }
     }
     let nvext = nvext.and_then(Value::as_object);
+    if root
+        .whitespace_pattern
+        .is_some_and(|value| !value.is_null())
+    {
+        return Err(LlmError::Unsupported(
+            "'guided_whitespace_pattern' is not supported; the engine picks the whitespace of guided JSON".to_owned(),
+        ));
+    }
     if let Some((name, _)) = sourced(
         root.grammar,
         nvext,
@@ -236,6 +247,7 @@ mod tests {
             regex,
             choice,
             grammar: None,
+            whitespace_pattern: None,
         };
         assert_eq!(
             guided_decoding(None, root(None, Some(&regex), None), None).unwrap(),
@@ -334,5 +346,13 @@ mod tests {
             ..GuidedFields::default()
         };
         assert!(message(guided_decoding(None, root, None)).starts_with("'guided_grammar'"));
+        let pattern = json!("[ ]?");
+        let root = GuidedFields {
+            whitespace_pattern: Some(&pattern),
+            ..GuidedFields::default()
+        };
+        assert!(
+            message(guided_decoding(None, root, None)).starts_with("'guided_whitespace_pattern'")
+        );
     }
 }

@@ -145,6 +145,7 @@ impl ChatCompletionRequest {
                 regex: self.guided_regex.as_ref(),
                 choice: self.guided_choice.as_ref(),
                 grammar: self.guided_grammar.as_ref(),
+                whitespace_pattern: self.guided_whitespace_pattern.as_ref(),
             },
         }
     }
@@ -253,6 +254,7 @@ impl CompletionRequest {
                 regex: self.guided_regex.as_ref(),
                 choice: self.guided_choice.as_ref(),
                 grammar: self.guided_grammar.as_ref(),
+                whitespace_pattern: self.guided_whitespace_pattern.as_ref(),
             },
         }
     }

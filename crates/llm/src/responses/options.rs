@@ -8,8 +8,12 @@ use crate::error::LlmError;
 const INCLUDE_LOGPROBS: &str = "message.output_text.logprobs";
 
 /// `include` values that change nothing here: they ask for parts of items this server never
-/// produces (built-in tool calls, input images), so the output is the same with or without them.
+/// produces (built-in tool calls, input images, encrypted reasoning: reasoning comes back as plain
+/// `reasoning_text`, and a reasoning item sent back as input is not rendered again), so the
+/// output is the same with or without them. Agents such as Codex always ask for
+/// `reasoning.encrypted_content`.
 const INCLUDE_NO_EFFECT: &[&str] = &[
+    "reasoning.encrypted_content",
     "file_search_call.results",
     "web_search_call.results",
     "web_search_call.action.sources",
@@ -18,12 +22,8 @@ const INCLUDE_NO_EFFECT: &[&str] = &[
     "code_interpreter_call.outputs",
 ];
 
-/// `include` values of the API this server cannot honour (a 501 naming the value).
-const INCLUDE_UNSUPPORTED: &[&str] = &["reasoning.encrypted_content"];
-
 /// Whether the output text carries log probabilities: asked for by `include` or implied by a
-/// positive `top_logprobs`. An `include` value of the API this server cannot honour is a 501
-/// naming it, an unknown one a 400 naming `include`.
+/// positive `top_logprobs`. An unknown `include` value is a 400 naming `include`.
 pub(super) fn wants_logprobs(
     include: Option<&[String]>,
     top_logprobs: Option<i64>,
@@ -33,16 +33,9 @@ pub(super) fn wants_logprobs(
         if value == INCLUDE_LOGPROBS {
             is_logprobs = true;
         } else if !INCLUDE_NO_EFFECT.contains(&value.as_str()) {
-            let reason = if INCLUDE_UNSUPPORTED.contains(&value.as_str()) {
-                "is not supported: reasoning comes back as plain reasoning_text, with nothing encrypted to carry into a later request"
-            } else {
-                "is not a known include value"
-            };
-            return Err(LlmError::unhandled_kind(
-                value,
-                INCLUDE_UNSUPPORTED,
+            return Err(LlmError::invalid(
                 "include",
-                format!("'include' value '{value}' {reason}"),
+                format!("'include' value '{value}' is not a known include value"),
             ));
         }
     }
@@ -96,16 +89,8 @@ mod tests {
     }
 
     #[test]
-    fn encrypted_reasoning_is_a_501_and_an_unknown_include_a_400() {
-        let error =
-            wants_logprobs(Some(&include(&["reasoning.encrypted_content"])), None).unwrap_err();
-        assert_eq!(error.code(), LlmErrorCode::NotImplemented);
-        assert!(
-            error
-                .to_string()
-                .starts_with("'include' value 'reasoning.encrypted_content'"),
-            "{error}"
-        );
+    fn encrypted_reasoning_is_accepted_and_an_unknown_include_is_a_400() {
+        assert!(!wants_logprobs(Some(&include(&["reasoning.encrypted_content"])), None).unwrap());
         let error = wants_logprobs(Some(&include(&["message.nonsense"])), None).unwrap_err();
         assert_eq!(error.param(), Some("include"));
     }
