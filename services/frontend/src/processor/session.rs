@@ -22,7 +22,7 @@ use tokio::task::{AbortHandle, JoinSet};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
 
-use super::ProcessorHosts;
+use super::{Host, ProcessorHosts};
 use crate::error::FrontendError;
 use crate::generate::{TextDelta, TokenUsage};
 use crate::http::ResponseHeaders;
@@ -321,6 +321,49 @@ async fn pump_call(
     send(call_output::Kind::End(true)).await;
 }
 
+/// Opens a `Process` stream with `start` on a live host. A host that cannot be reached (it died
+/// and discovery has not dropped it yet) has received nothing, so the next host in turn is tried,
+/// each live host at most once.
+async fn open(
+    hosts: &ProcessorHosts,
+    start: ProcessStart,
+) -> Result<(Host, mpsc::Sender<ProcessUp>, Streaming<ProcessDown>), FrontendError> {
+    let no_host = || FrontendError::Worker {
+        code: ErrorCode::Unavailable,
+        message: format!("no live chat processor host for {:?}", hosts.processor()),
+    };
+    let mut last_failure = None;
+    for _ in 0..hosts.len().max(1) {
+        let host = hosts.pick().ok_or_else(no_host)?;
+        let (up, up_rx) = mpsc::channel(UP_QUEUE);
+        up.send(ProcessUp {
+            kind: Some(process_up::Kind::Start(start.clone())),
+        })
+        .await
+        .map_err(|_| FrontendError::Internal("processor stream closed".into()))?;
+        let mut client = host.client.clone();
+        match client.process(ReceiverStream::new(up_rx)).await {
+            Ok(response) => return Ok((host, up, response.into_inner())),
+            Err(status) if is_unreachable(&status) => {
+                tracing::debug!(host = %format!("{:x}", host.instance_id), %status, "processor host unreachable; trying the next");
+                last_failure = Some(status);
+            }
+            Err(status) => return Err(host_failure(&status)),
+        }
+    }
+    Err(last_failure.map_or_else(no_host, |status| host_failure(&status)))
+}
+
+/// Whether a failed `Process` call never reached a host: the connection failed on this side.
+fn is_unreachable(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::Unavailable
+        || (std::error::Error::source(status).is_some()
+            && matches!(
+                status.code(),
+                tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Cancelled
+            ))
+}
+
 /// Starts `processor_request` for `entry` on one of `hosts`. With a peek (or for a request
 /// whose headers count) the processor's stream is read up to its first chunk before this
 /// returns, so an early failure is an error status and the headers are known.
@@ -329,13 +372,8 @@ pub(crate) async fn start(
     entry: &Arc<ModelEntry>,
     processor_request: ProcessorRequest<'_>,
 ) -> Result<impl Stream<Item = Result<TextDelta, FrontendError>> + Send + use<>, FrontendError> {
-    let host = hosts.pick().ok_or_else(|| FrontendError::Worker {
-        code: ErrorCode::Unavailable,
-        message: format!("no live chat processor host for {:?}", hosts.processor()),
-    })?;
     let request_json = serde_json::to_vec(processor_request.request)
         .map_err(|e| FrontendError::Internal(format!("chat request to JSON: {e}")))?;
-    let (up, up_rx) = mpsc::channel(UP_QUEUE);
     let start = ProcessStart {
         request_id: processor_request.request_id.to_owned(),
         model: entry.name.clone(),
@@ -345,17 +383,7 @@ pub(crate) async fn start(
         span_id: processor_request.trace.span_id.clone(),
         parent_span_id: processor_request.trace.parent_span_id.clone(),
     };
-    up.send(ProcessUp {
-        kind: Some(process_up::Kind::Start(start)),
-    })
-    .await
-    .map_err(|_| FrontendError::Internal("processor stream closed".into()))?;
-    let mut client = host.client.clone();
-    let mut down: Streaming<ProcessDown> = client
-        .process(ReceiverStream::new(up_rx))
-        .await
-        .map_err(|status| host_failure(&status))?
-        .into_inner();
+    let (host, up, mut down) = open(hosts, start).await?;
     tracing::debug!(host = %format!("{:x}", host.instance_id), "processor request started");
     let mut session = Session {
         entry: entry.clone(),
