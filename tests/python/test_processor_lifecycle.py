@@ -141,7 +141,9 @@ def test_a_second_host_takes_over_from_a_killed_one():
         "--dyn-chat-processor", "seed_processor:provider", "--spawn-processor-host", "false"))
     try:
         first, second = start_host(mesh, "host-a"), start_host(mesh, "host-b")
-        wait_processor_ready(mesh)
+        # Requests alternate between the hosts: four answers in a row mean both built their engine.
+        wait_until(lambda: all(chat(mesh, "ready?").status_code == 200 for _ in range(4)), timeout=30,
+                   what="both hosts serving")
 
         def one(_):
             r = chat(mesh, "tell me something", max_tokens=24)

@@ -6,6 +6,7 @@ pub(crate) mod chat;
 mod completions;
 mod embeddings;
 pub(crate) mod endpoint;
+mod extensions;
 pub(crate) use endpoint::ResponseHeaders;
 mod infra;
 pub(crate) mod openai_shared;
@@ -80,6 +81,8 @@ pub struct AppState {
     pub admission: Option<Arc<tokio::sync::Semaphore>>,
     /// The hosts of the custom chat processor (`--dyn-chat-processor`), when one is configured.
     pub processor: Option<crate::processor::ProcessorHosts>,
+    /// The route extensions (`--frontend-route-extension`), when some are configured.
+    pub extensions: Option<crate::processor::RouteExtensions>,
 }
 
 impl AppState {
@@ -120,6 +123,7 @@ pub fn app(state: Arc<AppState>) -> AxumRouter {
         )
         .merge(anthropic_routes(paths.messages.as_deref()))
         .merge(admin_routes(&state))
+        .merge(extension_routes(&state))
         .layer(DefaultBodyLimit::max(body_limit));
     let docs =
         utoipa_swagger_ui::SwaggerUi::new("/docs").url("/openapi.json", openapi::document(&paths));
@@ -129,19 +133,46 @@ pub fn app(state: Arc<AppState>) -> AxumRouter {
 /// Where each route is served: Dynamo's defaults unless a `DYN_HTTP_SVC_*_PATH` override says
 /// otherwise.
 fn route_paths(settings: &HttpSettings) -> openapi::RoutePaths {
+    paths_for(settings.anthropic_api, !settings.disable_admin_api)
+}
+
+/// Every path the frontend serves itself, which a route extension may not take: the routes
+/// (after their overrides), the OpenAPI document, its UI and the admin API.
+pub fn reserved_paths(anthropic_api: bool) -> Vec<String> {
+    let paths = paths_for(anthropic_api, true);
+    let mut reserved = vec![
+        paths.chat,
+        paths.completions,
+        paths.embeddings,
+        paths.responses,
+        paths.models,
+        paths.health,
+        paths.live,
+        paths.metrics,
+        "/openapi.json".into(),
+        "/docs".into(),
+        "/docs/".into(),
+        "/busy_threshold".into(),
+    ];
+    if let Some(messages) = paths.messages {
+        reserved.push(format!("{}/count_tokens", messages.trim_end_matches('/')));
+        reserved.push(messages);
+    }
+    reserved
+}
+
+fn paths_for(anthropic_api: bool, admin: bool) -> openapi::RoutePaths {
     openapi::RoutePaths {
         chat: route_path("DYN_HTTP_SVC_CHAT_PATH", "/v1/chat/completions"),
         completions: route_path("DYN_HTTP_SVC_CMP_PATH", "/v1/completions"),
         embeddings: route_path("DYN_HTTP_SVC_EMB_PATH", "/v1/embeddings"),
         responses: route_path("DYN_HTTP_SVC_RESPONSES_PATH", "/v1/responses"),
-        messages: settings
-            .anthropic_api
-            .then(|| route_path("DYN_HTTP_SVC_ANTHROPIC_PATH", "/v1/messages")),
+        messages: anthropic_api.then(|| route_path("DYN_HTTP_SVC_ANTHROPIC_PATH", "/v1/messages")),
         models: route_path("DYN_HTTP_SVC_MODELS_PATH", "/v1/models"),
         health: route_path("DYN_HTTP_SVC_HEALTH_PATH", "/health"),
         live: route_path("DYN_HTTP_SVC_LIVE_PATH", "/live"),
         metrics: route_path("DYN_HTTP_SVC_METRICS_PATH", "/metrics"),
-        admin: !settings.disable_admin_api,
+        admin,
     }
 }
 
@@ -180,6 +211,19 @@ fn anthropic_routes(messages: Option<&str>) -> AxumRouter<Arc<AppState>> {
             &format!("{}/count_tokens", messages.trim_end_matches('/')),
             post(anthropic::count_tokens),
         )
+}
+
+/// The route extensions' paths (checked against [`reserved_paths`] when they were loaded).
+fn extension_routes(state: &AppState) -> AxumRouter<Arc<AppState>> {
+    let Some(extensions) = &state.extensions else {
+        return AxumRouter::new();
+    };
+    extensions
+        .paths()
+        .iter()
+        .fold(AxumRouter::new(), |routes, path| {
+            routes.route(path, get(extensions::serve))
+        })
 }
 
 /// `GET`/`POST /busy_threshold`, unless the admin API is disabled.

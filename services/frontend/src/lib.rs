@@ -122,45 +122,14 @@ pub async fn run(
     ));
 
     let http = &args.http;
-    let processor = match args.chat.custom_processor() {
-        Some(name) => {
-            if args.chat.interactive() || args.kserve.grpc_server() {
-                kvmesh_runtime::config::exit_config_error(
-                    "--dyn-chat-processor (DYN_CHAT_PROCESSOR): a custom chat processor serves only the HTTP edge, not --interactive or --kserve-grpc-server",
-                );
-            }
-            let namespace = args
-                .namespace
-                .clone()
-                .unwrap_or_else(|| processor::DEFAULT_NAMESPACE.to_string());
-            let hosts = processor::ProcessorHosts::watch(
-                discovery.clone(),
-                &namespace,
-                name,
-                lifecycle.stop_token(),
-            )
-            .await?;
-            if args.chat.spawn_processor_host {
-                if opts.runtime.discovery_backend == kvmesh_runtime::config::DiscoveryBackend::Mem {
-                    kvmesh_runtime::config::exit_config_error(
-                        "--dyn-chat-processor (DYN_CHAT_PROCESSOR): a processor host is a separate process and cannot see in-memory discovery; use --discovery-backend etcd or file",
-                    );
-                }
-                lifecycle.spawn(processor::spawn_host(
-                    &opts.runtime,
-                    lifecycle.stop_token(),
-                )?);
-                let started = lifecycle.wait_ready(&shutdown, || !hosts.is_empty()).await;
-                if let Err(error) = started {
-                    kvmesh_runtime::config::exit_config_error(&format!(
-                        "--dyn-chat-processor (DYN_CHAT_PROCESSOR) {name}: the processor host did not start: {error}"
-                    ));
-                }
-            }
-            Some(hosts)
-        }
-        None => None,
-    };
+    let (processor, extensions) = processor::connect_hosts(
+        args,
+        &opts.runtime,
+        discovery.clone(),
+        &mut lifecycle,
+        &shutdown,
+    )
+    .await?;
     let state = Arc::new(AppState {
         models: table,
         metrics,
@@ -190,6 +159,7 @@ pub async fn run(
         inflight: Inflight::new(),
         draining: AtomicBool::new(false),
         processor,
+        extensions,
         admission: http.inflight_limit().map(|limit| {
             Arc::new(tokio::sync::Semaphore::new(
                 usize::try_from(limit)

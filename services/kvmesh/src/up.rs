@@ -66,10 +66,12 @@ pub async fn run(mut opts: UpOpts) -> anyhow::Result<()> {
     opts.frontend.log_startup_warnings();
     let shutdown = kvmesh_runtime::shutdown::signal_token();
     let embedded = Embedded::new();
-    // A custom chat processor runs in a host process of its own, which cannot see in-memory
-    // discovery: the mesh registers in a private file store instead (events stay in-process).
-    let private_store = (opts.frontend.chat.custom_processor().is_some()
-        && opts.frontend.chat.spawn_processor_host)
+    // A custom chat processor and route extensions run in a host process of its own, which
+    // cannot see in-memory discovery: the mesh registers in a private file store instead (events stay in-process).
+    let chat = &opts.frontend.chat;
+    let private_store = ((chat.custom_processor().is_some()
+        || !chat.frontend_route_extensions.is_empty())
+        && chat.spawn_processor_host)
         .then(|| std::env::temp_dir().join(format!("kvmesh-up-{}", std::process::id())));
     if let Some(store) = &private_store {
         opts.runtime.discovery_backend = DiscoveryBackend::File;

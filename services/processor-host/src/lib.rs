@@ -33,18 +33,25 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let chat = &opts.frontend.chat;
     let processor = chat.dyn_chat_processor.clone();
-    if processor == "dynamo" {
+    let serves_chat = chat.custom_processor().is_some();
+    if !serves_chat && chat.frontend_route_extensions.is_empty() {
         anyhow::bail!(
-            "--dyn-chat-processor is `dynamo` (the built-in preprocessing): the processor host needs a Python processor"
+            "--dyn-chat-processor is `dynamo` (the built-in preprocessing) and no --frontend-route-extension is given: the processor host has nothing to serve"
         );
     }
-    let python = python::PythonHost::start(
+    let routes = python::RouteSettings {
+        extensions: &chat.frontend_route_extensions,
+        reserved: kvmesh_frontend::http::reserved_paths(chat.anthropic_api()),
+        overload_status: opts.frontend.http.http_overload_status_code,
+    };
+    let (python, route_paths) = python::PythonHost::start(
         &processor,
         &config.to_string(),
         &chat.dyn_chat_processor_config,
+        &routes,
     )
     .unwrap_or_else(|message| kvmesh_runtime::config::exit_config_error(&message));
-    tracing::info!(processor = %processor, "chat processor loaded");
+    tracing::info!(processor = %processor, routes = ?route_paths, "chat processor and route extensions loaded");
 
     let namespace = opts
         .frontend
@@ -56,19 +63,21 @@ pub async fn run(
     }
     let discovery = connect::discovery(&opts.runtime, None).await?;
     let mut lifecycle = ServiceLifecycle::new("processor-host");
-    lifecycle.spawn(watch_fleet(
-        discovery.clone(),
-        NamespaceFilter::from_flags(
-            opts.frontend.namespace.as_deref(),
-            opts.frontend.namespace_prefix.as_deref(),
-        ),
-        models::ProcessorModels::new(python.clone()),
-        lifecycle.stop_token(),
-    ));
+    if serves_chat {
+        lifecycle.spawn(watch_fleet(
+            discovery.clone(),
+            NamespaceFilter::from_flags(
+                opts.frontend.namespace.as_deref(),
+                opts.frontend.namespace_prefix.as_deref(),
+            ),
+            models::ProcessorModels::new(python.clone()),
+            lifecycle.stop_token(),
+        ));
+    }
 
     let listener = opts.runtime.bind_rpc("the processor host's").await?;
     let address = listener.local_addr()?;
-    let service = service::ProcessorService::new(python);
+    let service = service::ProcessorService::new(python, route_paths);
     let inflight = service.inflight();
     lifecycle.serve_grpc(
         listener,

@@ -34,6 +34,11 @@ const SOURCES: &[(&str, bool, &str)] = &[
         false,
         include_str!("../python/kvmesh/_host.py"),
     ),
+    (
+        "kvmesh._routes",
+        false,
+        include_str!("../python/kvmesh/_routes.py"),
+    ),
 ];
 
 const BOOTSTRAP: &str = include_str!("../python/bootstrap.py");
@@ -133,6 +138,27 @@ pub enum ToPython {
         /// Served model name.
         model: String,
     },
+    /// One GET of a route extension.
+    CallRoute {
+        /// The route's path.
+        path: String,
+        /// The frontend's state for `FrontendExtensionContext`, as JSON.
+        state_json: String,
+        /// Gets the HTTP status and the JSON body.
+        reply: tokio::sync::oneshot::Sender<(u16, String)>,
+    },
+}
+
+/// What the host serves besides its chat processor: the route extensions
+/// (`--frontend-route-extension`), the paths they must not take, and the status of a call that
+/// finds every extension thread busy.
+pub struct RouteSettings<'a> {
+    /// Extension names (entry points or `module:function`).
+    pub extensions: &'a [String],
+    /// Paths the frontend serves itself.
+    pub reserved: Vec<String>,
+    /// `DYN_HTTP_OVERLOAD_STATUS_CODE`.
+    pub overload_status: u16,
 }
 
 /// The running interpreter: send it work with [`PythonHost::send`].
@@ -142,12 +168,25 @@ pub struct PythonHost {
 }
 
 impl PythonHost {
-    /// Starts CPython, resolves `processor` and calls its provider with `config_json` (the
-    /// resolved options) and `options_json` (`--dyn-chat-processor-config`); then runs the loop
-    /// and the feeder on threads of their own. An error is the message to exit with.
-    pub fn start(processor: &str, config_json: &str, options_json: &str) -> Result<Self, String> {
+    /// Starts CPython, loads the route extensions of `routes`, resolves `processor` and calls its
+    /// provider with `config_json` (the resolved options) and `options_json`
+    /// (`--dyn-chat-processor-config`); then runs the loop and the feeder on threads of their
+    /// own. Returns the host and the extensions' paths; an error is the message to exit with.
+    pub fn start(
+        processor: &str,
+        config_json: &str,
+        options_json: &str,
+        routes: &RouteSettings<'_>,
+    ) -> Result<(Self, Vec<String>), String> {
         Python::initialize();
-        let host = Python::attach(|py| load(py, processor, config_json, options_json))?;
+        let routes_json = serde_json::json!({
+            "extensions": routes.extensions,
+            "reserved": routes.reserved,
+            "overload_status": routes.overload_status,
+        })
+        .to_string();
+        let (host, paths) =
+            Python::attach(|py| load(py, processor, config_json, options_json, &routes_json))?;
         let runner = Python::attach(|py| host.clone_ref(py));
         std::thread::Builder::new()
             .name("python-loop".into())
@@ -164,7 +203,7 @@ impl PythonHost {
             .name("python-feeder".into())
             .spawn(move || feed(&host, &inbox))
             .map_err(|e| format!("start the Python feeder: {e}"))?;
-        Ok(Self { feeder })
+        Ok((Self { feeder }, paths))
     }
 
     /// Queues `message` for the loop; false once the interpreter is gone.
@@ -191,8 +230,9 @@ fn load(
     processor: &str,
     config_json: &str,
     options_json: &str,
-) -> Result<Py<PyAny>, String> {
-    let run = || -> PyResult<Py<PyAny>> {
+    routes_json: &str,
+) -> Result<(Py<PyAny>, Vec<String>), String> {
+    let run = || -> PyResult<(Py<PyAny>, Vec<String>)> {
         let sources = PyDict::new(py);
         for (name, is_package, source) in SOURCES {
             sources.set_item(name, (is_package, source))?;
@@ -203,11 +243,13 @@ fn load(
         let code = CString::new(BOOTSTRAP)?;
         py.run(&code, Some(&globals), None)?;
         let module = py.import("kvmesh._host")?;
-        let host = module
-            .getattr("Host")?
-            .call1((processor, config_json, options_json))?;
+        let host =
+            module
+                .getattr("Host")?
+                .call1((processor, config_json, options_json, routes_json))?;
         host.call_method0("start")?;
-        Ok(host.unbind())
+        let paths: Vec<String> = host.call_method0("route_paths")?.extract()?;
+        Ok((host.unbind(), paths))
     };
     run().map_err(|error| python_error(py, &error))
 }
@@ -271,7 +313,37 @@ fn to_python(py: Python<'_>, message: ToPython) -> PyResult<Bound<'_, PyTuple>> 
             checksum,
         } => (3u8, model, instance_id, card_json, checksum).into_pyobject(py)?,
         ToPython::ModelRemoved { model } => (4u8, model).into_pyobject(py)?,
+        ToPython::CallRoute {
+            path,
+            state_json,
+            reply,
+        } => (5u8, path, state_json, replier(py, reply)?).into_pyobject(py)?,
     })
+}
+
+/// A route call's `reply(status, body_json)`: the first call answers, later ones are dropped.
+fn replier(
+    py: Python<'_>,
+    reply: tokio::sync::oneshot::Sender<(u16, String)>,
+) -> PyResult<Bound<'_, PyCFunction>> {
+    let reply = std::sync::Mutex::new(Some(reply));
+    PyCFunction::new_closure(
+        py,
+        Some(c"reply"),
+        None,
+        move |args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>| -> PyResult<()> {
+            let status: u16 = args.get_item(0)?.extract()?;
+            let body: String = args.get_item(1)?.extract()?;
+            let sender = reply
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take();
+            if let Some(sender) = sender {
+                let _ = sender.send((status, body));
+            }
+            Ok(())
+        },
+    )
 }
 
 /// The request's `emit(kind, a=None, b=None, c=None)`: each call becomes one [`HostEvent`].

@@ -8,8 +8,8 @@ use futures::Stream;
 use kvmesh_core::ErrorCode;
 use kvmesh_proto::v1::chat_processor_server::ChatProcessor;
 use kvmesh_proto::v1::{
-    ChunkMetrics, ProcessDown, ProcessError, ProcessUp, ResponseHeader, call_output, process_down,
-    process_up,
+    CallRouteRequest, CallRouteResponse, ChunkMetrics, ListRoutesRequest, ListRoutesResponse,
+    ProcessDown, ProcessError, ProcessUp, ResponseHeader, call_output, process_down, process_up,
 };
 use kvmesh_runtime::error::GrpcErrorCode;
 use kvmesh_runtime::shutdown::{Inflight, InflightGuard};
@@ -19,20 +19,22 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::convert;
 use crate::python::{HostEvent, PythonHost, ToPython};
 
-/// The service: hands each stream to the interpreter.
+/// The service: hands each stream and each route call to the interpreter.
 pub struct ProcessorService {
     python: PythonHost,
     next_key: AtomicU64,
     inflight: Inflight,
+    route_paths: Vec<String>,
 }
 
 impl ProcessorService {
-    /// Serves the processor loaded in `python`.
-    pub fn new(python: PythonHost) -> Self {
+    /// Serves the processor and the route extensions (at `route_paths`) loaded in `python`.
+    pub fn new(python: PythonHost, route_paths: Vec<String>) -> Self {
         Self {
             python,
             next_key: AtomicU64::new(1),
             inflight: Inflight::new(),
+            route_paths,
         }
     }
 
@@ -112,6 +114,46 @@ async fn relay_outputs(python: PythonHost, key: u64, mut inbound: Streaming<Proc
 #[tonic::async_trait]
 impl ChatProcessor for ProcessorService {
     type ProcessStream = ProcessStream;
+
+    async fn list_routes(
+        &self,
+        _request: Request<ListRoutesRequest>,
+    ) -> Result<Response<ListRoutesResponse>, Status> {
+        Ok(Response::new(ListRoutesResponse {
+            paths: self.route_paths.clone(),
+        }))
+    }
+
+    async fn call_route(
+        &self,
+        request: Request<CallRouteRequest>,
+    ) -> Result<Response<CallRouteResponse>, Status> {
+        let request = request.into_inner();
+        let state = request.state.unwrap_or_default();
+        let state_json = serde_json::json!({
+            "ready": state.ready,
+            "cancelled": state.cancelled,
+            "models": state.models,
+            "serving": state.serving,
+        })
+        .to_string();
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let _inflight = self.inflight.enter();
+        if !self.python.send(ToPython::CallRoute {
+            path: request.path,
+            state_json,
+            reply,
+        }) {
+            return Err(ErrorCode::Unavailable.to_status("the Python interpreter stopped"));
+        }
+        let (status, body) = answer
+            .await
+            .map_err(|_| ErrorCode::Internal.to_status("the route extension gave no answer"))?;
+        Ok(Response::new(CallRouteResponse {
+            status: u32::from(status),
+            body_json: body.into(),
+        }))
+    }
 
     async fn process(
         &self,

@@ -175,12 +175,6 @@ impl ChatOpts {
                 "sends no reasoning_dispatch events",
             );
         }
-        if !self.frontend_route_extensions.is_empty() {
-            later(
-                "--frontend-route-extension",
-                "serves only its built-in routes",
-            );
-        }
         if negatable(self.trust_remote_code, self.no_trust_remote_code) {
             later(
                 "--trust-remote-code",

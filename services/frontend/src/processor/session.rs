@@ -22,7 +22,7 @@ use tokio::task::{AbortHandle, JoinSet};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
 
-use super::{Host, ProcessorHosts};
+use super::{Host, ProcessorHosts, is_unreachable};
 use crate::error::FrontendError;
 use crate::generate::{TextDelta, TokenUsage};
 use crate::http::ResponseHeaders;
@@ -352,16 +352,6 @@ async fn open(
         }
     }
     Err(last_failure.map_or_else(no_host, |status| host_failure(&status)))
-}
-
-/// Whether a failed `Process` call never reached a host: the connection failed on this side.
-fn is_unreachable(status: &tonic::Status) -> bool {
-    status.code() == tonic::Code::Unavailable
-        || (std::error::Error::source(status).is_some()
-            && matches!(
-                status.code(),
-                tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Cancelled
-            ))
 }
 
 /// Starts `processor_request` for `entry` on one of `hosts`. With a peek (or for a request

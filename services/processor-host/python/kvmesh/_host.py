@@ -13,12 +13,12 @@ import json
 import logging
 
 from . import llm
+from ._routes import RouteTable
 from .llm import exceptions
 
 _log = logging.getLogger("kvmesh.processor")
 
 PROCESSOR_GROUPS = ("dynamo.frontend.chat_processors", "kvmesh.frontend.chat_processors")
-ROUTE_GROUPS = ("dynamo.frontend.routes", "kvmesh.frontend.routes")
 
 # What a request's `emit(kind, a, b, c)` carries.
 CHUNK, GENERATE, HEADER, ERROR, METRICS, DONE, CANCEL_CALL = range(7)
@@ -169,9 +169,10 @@ class _Request:
 
 
 class Host:
-    """The host's Python state: the provider's factory and one engine per model."""
+    """The host's Python state: the provider's factory, one engine per model, and the route
+    extensions."""
 
-    def __init__(self, processor, config_json, options_json):
+    def __init__(self, processor, config_json, options_json, routes_json):
         self.processor = processor
         self.config = Config(json.loads(config_json))
         self.options = json.loads(options_json or "{}")
@@ -182,12 +183,20 @@ class Host:
         self.engines = {}
         self.builds = {}
         self.requests = {}
+        routes = json.loads(routes_json)
+        self.routes = RouteTable(routes["overload_status"])
+        self._route_config = routes
 
     # -- startup, on the host's thread before the loop runs --
 
     def start(self):
-        """Resolves the processor and calls its provider inside the loop."""
+        """Loads the route extensions, then resolves the processor (unless it is the built-in
+        `dynamo`, when the host serves routes only) and calls its provider inside the loop."""
         asyncio.set_event_loop(self.loop)
+        self.routes.load(self._route_config["extensions"], set(self._route_config["reserved"]), resolve,
+                         StartupError)
+        if self.processor == "dynamo":
+            return
         if self.processor in ("vllm", "sglang"):
             _builtin(self.processor)
         provider = resolve(self.processor)
@@ -212,6 +221,13 @@ class Host:
     def stop(self):
         """Stops the loop (from any thread)."""
         self.loop.call_soon_threadsafe(self.loop.stop)
+
+    def route_paths(self):
+        """The paths the route extensions serve."""
+        return self.routes.paths()
+
+    def _call_route(self, path, state_json, reply):
+        self.routes.call(path, state_json, reply)
 
     # -- models --
 
@@ -353,4 +369,5 @@ class Host:
 
 
 # The ops of `Host.dispatch`, in the order the Rust half numbers them.
-Host._OPS = (Host._submit, Host._deliver, Host._cancel, Host._model_changed, Host._model_removed)
+Host._OPS = (Host._submit, Host._deliver, Host._cancel, Host._model_changed, Host._model_removed,
+             Host._call_route)
