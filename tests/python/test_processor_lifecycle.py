@@ -25,9 +25,15 @@ def whoami(mesh, headers=None):
     return json.loads(r.json()["choices"][0]["message"]["content"])
 
 
-def metric_sum(mesh, series):
+def metric_sum(mesh, series, part="sum"):
     text = requests.get(f"{mesh.base_url}/metrics", timeout=10).text
-    return sum(float(v) for v in re.findall(rf'^{series}_sum{{[^}}]*}} (\S+)$', text, re.M))
+    return sum(float(v) for v in re.findall(rf'^{series}_{part}{{[^}}]*}} (\S+)$', text, re.M))
+
+
+def served_by_host(mesh):
+    text = requests.get(f"{mesh.base_url}/metrics", timeout=10).text
+    return {host: float(n) for host, n in re.findall(
+        r'^kvmesh_processor_requests_total\{processor_host="([^"]+)"\} (\S+)$', text, re.M)}
 
 
 def test_the_envelope_feeds_usage_and_metrics_and_never_reaches_the_client():
@@ -35,12 +41,17 @@ def test_the_envelope_feeds_usage_and_metrics_and_never_reaches_the_client():
                                 ("--dyn-chat-processor-config", '{"input_bonus": 1000}'))
     try:
         before = metric_sum(mesh, "dynamo_frontend_input_sequence_tokens")
+        ttft_before = metric_sum(mesh, "dynamo_frontend_time_to_first_token_seconds", "count")
+        itl_before = metric_sum(mesh, "dynamo_frontend_inter_token_latency_seconds", "count")
         r = chat(mesh, "hello")
         assert r.status_code == 200, r.text
         usage = r.json()["usage"]
         # The processor's reported counts win over the frontend's own (10 + the bonus).
         assert usage["prompt_tokens"] == 1010 and usage["completion_tokens"] >= 1, usage
         assert metric_sum(mesh, "dynamo_frontend_input_sequence_tokens") - before == 1010
+        # Time to first token once per request and the gaps between the processor's chunks.
+        assert metric_sum(mesh, "dynamo_frontend_time_to_first_token_seconds", "count") - ttft_before == 1
+        assert metric_sum(mesh, "dynamo_frontend_inter_token_latency_seconds", "count") - itl_before >= 1
         streamed = chat(mesh, "hello", stream=True, stream_options={"include_usage": True})
         assert streamed.status_code == 200
         assert "_dynamo_annotated" not in streamed.text and "llm_metrics" not in streamed.text
@@ -130,8 +141,10 @@ def test_a_client_that_leaves_cancels_the_worker():
 def start_host(mesh, name):
     env = {"DYN_DISCOVERY_BACKEND": "etcd", "ETCD_ENDPOINTS": require_env("ETCD_ENDPOINTS"),
            "NATS_SERVER": require_env("NATS_SERVER"), **python_env()}
+    port = free_port()
     host = Proc(name, ["kvmesh-processor-host", "--namespace", mesh.namespace, "--dyn-chat-processor",
-                       "seed_processor:provider", "--tcp-rpc-port", str(free_port())], env)
+                       "seed_processor:provider", "--tcp-rpc-port", str(port)], env)
+    host.port = port
     mesh.procs.append(host)
     return host
 
@@ -156,8 +169,12 @@ def test_a_second_host_takes_over_from_a_killed_one():
             statuses = [f.result() for f in running]
         assert statuses.count(200) >= 8, statuses
         # Every request sent after the kill is served by the survivor.
+        served = served_by_host(mesh)
         after = [one(i) for i in range(12)]
         assert after == [200] * 12, after
+        now = served_by_host(mesh)
+        survivor = [host for host in now if host.endswith(f":{second.port}")]
+        assert len(survivor) == 1 and now[survivor[0]] - served.get(survivor[0], 0) == 12, (served, now)
         assert second.alive()
     finally:
         mesh.stop()

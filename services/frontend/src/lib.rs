@@ -125,6 +125,7 @@ pub async fn run(
     let (processor, extensions) = processor::connect_hosts(
         args,
         &opts.runtime,
+        &metrics,
         discovery.clone(),
         &mut lifecycle,
         &shutdown,

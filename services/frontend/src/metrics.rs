@@ -43,6 +43,9 @@ pub struct FrontendMetrics {
     active: IntGaugeVec,
     kv_hit_rate: HistogramVec,
     cancellations: IntCounterVec,
+    /// `kvmesh_processor_requests_total{processor_host}`: chat requests sent to each processor
+    /// host, by its address.
+    pub processor_requests: IntCounterVec,
     worker_last_ttft: GaugeVec,
     worker_last_itl: GaugeVec,
     worker_last_isl: IntGaugeVec,
@@ -242,6 +245,14 @@ impl FrontendMetrics {
         registry.register(Box::new(active.clone()))?;
         registry.register(Box::new(kv_hit_rate.clone()))?;
         registry.register(Box::new(cancellations.clone()))?;
+        let processor_requests = IntCounterVec::new(
+            Opts::new(
+                format!("{KVMESH_PREFIX}_processor_requests_total"),
+                "chat requests sent to each processor host",
+            ),
+            &["processor_host"],
+        )?;
+        registry.register(Box::new(processor_requests.clone()))?;
         registry.register(Box::new(worker_last_ttft.clone()))?;
         registry.register(Box::new(worker_last_itl.clone()))?;
         registry.register(Box::new(worker_last_isl.clone()))?;
@@ -273,6 +284,7 @@ impl FrontendMetrics {
             active,
             kv_hit_rate,
             cancellations,
+            processor_requests,
             worker_last_ttft,
             worker_last_itl,
             worker_last_isl,

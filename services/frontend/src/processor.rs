@@ -14,6 +14,7 @@ pub const PROCESSOR_METADATA: &str = "processor";
 /// Where hosts register when `--namespace` is unset, and where the frontend then looks.
 pub const DEFAULT_NAMESPACE: &str = "dynamo";
 
+mod clock;
 mod extensions;
 mod session;
 mod spawn;
@@ -39,6 +40,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 struct Host {
     instance_id: u64,
     client: ChatProcessorClient<tonic::transport::Channel>,
+    /// Counts the chat requests sent to this host.
+    served: prometheus::IntCounter,
 }
 
 /// The live hosts of one processor in one namespace, kept current from discovery; requests go
@@ -51,11 +54,13 @@ pub struct ProcessorHosts {
 }
 
 impl ProcessorHosts {
-    /// Watches the hosts of `processor` registered in `namespace` until `shutdown`.
+    /// Watches the hosts of `processor` registered in `namespace` until `shutdown`; the requests
+    /// sent to each count in `served` under its address.
     pub async fn watch(
         discovery: Arc<dyn Discovery>,
         namespace: &str,
         processor: &str,
+        served: prometheus::IntCounterVec,
         shutdown: CancellationToken,
     ) -> anyhow::Result<Self> {
         let prefix = format!(
@@ -77,6 +82,7 @@ impl ProcessorHosts {
                 Some(Host {
                     instance_id: record.instance_id,
                     client: ChatProcessorClient::new(channel),
+                    served: served.with_label_values(&[record.address.as_str()]),
                 })
             },
             shutdown,

@@ -22,6 +22,7 @@ use tokio::task::{AbortHandle, JoinSet};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
 
+use super::clock::TokenClock;
 use super::{Host, ProcessorHosts, is_unreachable};
 use crate::error::FrontendError;
 use crate::generate::{TextDelta, TokenUsage};
@@ -343,7 +344,10 @@ async fn open(
         .map_err(|_| FrontendError::Internal("processor stream closed".into()))?;
         let mut client = host.client.clone();
         match client.process(ReceiverStream::new(up_rx)).await {
-            Ok(response) => return Ok((host, up, response.into_inner())),
+            Ok(response) => {
+                host.served.inc();
+                return Ok((host, up, response.into_inner()));
+            }
             Err(status) if is_unreachable(&status) => {
                 tracing::debug!(host = %format!("{:x}", host.instance_id), %status, "processor host unreachable; trying the next");
                 last_failure = Some(status);
@@ -362,6 +366,7 @@ pub(crate) async fn start(
     entry: &Arc<ModelEntry>,
     processor_request: ProcessorRequest<'_>,
 ) -> Result<impl Stream<Item = Result<TextDelta, FrontendError>> + Send + use<>, FrontendError> {
+    let started = std::time::Instant::now();
     let request_json = serde_json::to_vec(processor_request.request)
         .map_err(|e| FrontendError::Internal(format!("chat request to JSON: {e}")))?;
     let start = ProcessStart {
@@ -412,6 +417,11 @@ pub(crate) async fn start(
             }
         }
     }
+    let mut clock = TokenClock {
+        begin: started,
+        last: None,
+        metrics: entry.metrics.clone(),
+    };
     let deltas = async_stream::stream! {
         // The last delta that finished a choice is held back: the usage rides on the last one.
         let mut held: Option<TextDelta> = None;
@@ -440,6 +450,9 @@ pub(crate) async fn start(
             };
             match session.deltas(&json) {
                 Ok(deltas) => {
+                    if deltas.iter().any(TokenClock::carries_output) {
+                        clock.output();
+                    }
                     for delta in deltas {
                         if let Some(previous) = held.take() {
                             yield Ok(previous);

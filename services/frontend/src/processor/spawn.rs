@@ -63,6 +63,7 @@ pub fn spawn_host(
 pub async fn connect_hosts(
     args: &FrontendArgs,
     runtime: &RuntimeOpts,
+    metrics: &crate::metrics::FrontendMetrics,
     discovery: Arc<dyn Discovery>,
     lifecycle: &mut ServiceLifecycle,
     shutdown: &CancellationToken,
@@ -91,6 +92,7 @@ pub async fn connect_hosts(
         discovery,
         &namespace,
         &chat.dyn_chat_processor,
+        metrics.processor_requests.clone(),
         lifecycle.stop_token(),
     )
     .await?;
