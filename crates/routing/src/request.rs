@@ -64,6 +64,9 @@ pub struct RoutingHints {
     pub session_bind_ttl: Option<Duration>,
     /// Per-request cost-model override.
     pub config_override: Option<RouterConfigOverride>,
+    /// Cache salt (the body's `cache_salt` or the `x-tenant-id` header). The routing seam writes
+    /// it into the worker request unless that carries its own, and routes on the request's salt.
+    pub cache_salt: Option<String>,
 }
 
 /// One request to route.

@@ -66,7 +66,6 @@ pub async fn start(
 ) -> Result<Generation, FrontendError> {
     let options = GenerateOptions {
         hints,
-        cache_salt: None,
         prefix_cuts: prefix_cuts.into(),
         response_timeout,
         wait,

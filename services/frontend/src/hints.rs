@@ -17,10 +17,12 @@ pub const REQUEST_PRIORITY: &str = "x-dynamo-request-priority";
 pub const REQUEST_STRICT_PRIORITY: &str = "x-dynamo-request-strict-priority";
 /// Session affinity key.
 pub const SESSION_ID: &str = "x-dynamo-session-id";
+/// Cache salt; wins over the body's `cache_salt`.
+pub const TENANT_ID: &str = "x-tenant-id";
 
 /// Applies routing headers to `hints` (names case-insensitive). With `is_nvext_disabled`
-/// (`DYN_DISABLE_FRONTEND_NVEXT`) the pin and priority headers are ignored; the session id
-/// still applies. A malformed number is a 400 naming the header.
+/// (`DYN_DISABLE_FRONTEND_NVEXT`) the pin and priority headers are ignored; the session id and
+/// the tenant id (the cache salt) still apply. A malformed number is a 400 naming the header.
 pub fn apply_headers<'a>(
     hints: &mut RoutingHints,
     headers: impl IntoIterator<Item = (&'a str, &'a str)>,
@@ -32,6 +34,13 @@ pub fn apply_headers<'a>(
             let value = value.trim();
             if !value.is_empty() {
                 hints.session_id = Some(value.to_string());
+            }
+            continue;
+        }
+        if is(&[TENANT_ID]) {
+            let value = value.trim();
+            if !value.is_empty() {
+                hints.cache_salt = Some(value.to_string());
             }
             continue;
         }
@@ -247,12 +256,14 @@ mod tests {
             [
                 ("x-dynamo-worker-instance-id", "7"),
                 ("x-dynamo-session-id", "s"),
+                ("X-Tenant-Id", " tenant-a "),
             ],
             true,
         )
         .unwrap();
         assert_eq!(hints.backend_instance_id, None);
         assert_eq!(hints.session_id.as_deref(), Some("s"));
+        assert_eq!(hints.cache_salt.as_deref(), Some("tenant-a"));
         let error = apply_headers(&mut hints, [("x-dp-rank", "x")], false).unwrap_err();
         assert!(matches!(error, RouteError::BadRequest(ref m) if m.contains("x-dp-rank")));
     }

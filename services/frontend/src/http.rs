@@ -295,15 +295,22 @@ pub(crate) fn first_response_wait(settings: &HttpSettings, stream: bool) -> Firs
     }
 }
 
-/// Routing pins, priorities and the session from the request's `nvext`, then its headers, which
-/// win (docs/routing.md, "Pins and routing headers"); with `DYN_DISABLE_FRONTEND_NVEXT` only the
-/// session header counts. A malformed value is a 400 naming the field or header.
+/// Routing pins, priorities, the session and the cache salt from the request's `nvext` and body
+/// `cache_salt`, then its headers, which win (docs/routing.md, "Pins and routing headers"); with
+/// `DYN_DISABLE_FRONTEND_NVEXT` only the session and tenant headers and the body salt count. A
+/// malformed value is a 400 naming the field or header.
 pub(crate) fn routing_hints(
     settings: &HttpSettings,
     headers: &HeaderMap,
     nvext: Option<&serde_json::Value>,
+    cache_salt: Option<&str>,
 ) -> Result<kvmesh_routing::RoutingHints, FrontendError> {
-    let mut hints = kvmesh_routing::RoutingHints::default();
+    let mut hints = kvmesh_routing::RoutingHints {
+        cache_salt: cache_salt
+            .filter(|salt| !salt.is_empty())
+            .map(str::to_string),
+        ..Default::default()
+    };
     if let Some(nvext) = nvext.filter(|_| !settings.disable_nvext) {
         crate::hints::apply_nvext(&mut hints, nvext)?;
     }

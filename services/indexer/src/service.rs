@@ -140,7 +140,7 @@ impl IndexerService {
                 })?,
             size => size,
         };
-        let seed = kvmesh_kv::seed_for(Some(&request.lora_name), None);
+        let seed = kvmesh_kv::seed_for(Some(&request.lora_name), Some(&request.cache_salt));
         Ok(kvmesh_kv::compute_block_hashes(
             &request.token_ids,
             block_size as usize,

@@ -94,6 +94,7 @@ pub fn request_path(
         stop_token_ids: Vec::new(),
         ignore_eos: true,
         lora_name: None,
+        cache_salt: None,
         sampling: Default::default(),
         forced_output: Vec::new(),
         max_thinking_tokens: None,

@@ -159,6 +159,7 @@ impl MockWorker {
             stop_token_ids: stop.stop_token_ids,
             ignore_eos: stop.ignore_eos,
             lora_name: Some(request.lora_name).filter(|name| !name.is_empty()),
+            cache_salt: Some(request.cache_salt).filter(|salt| !salt.is_empty()),
             sampling: EngineSampling {
                 greedy: is_greedy,
                 seed: sampling.seed,

@@ -53,10 +53,8 @@ pub enum FirstResponseWait {
 /// What one generation asks of the seam besides the request itself.
 #[derive(Debug, Clone)]
 pub struct GenerateOptions {
-    /// Pins, priorities, session and cost-model overrides.
+    /// Pins, priorities, session, cost-model overrides and the cache salt.
     pub hints: RoutingHints,
-    /// Cache salt of the prompt's block hashes.
-    pub cache_salt: Option<String>,
     /// The prompt's cut points from tokenizing (block hashes of a known prefix are reused).
     pub prefix_cuts: Arc<[PrefixCut]>,
     /// Longest wait for the worker to answer, and longest silence between its responses
@@ -145,11 +143,18 @@ impl ModelRouter {
     /// as an error and the request routed again among the workers not tried yet: nothing has
     /// reached the caller, so that is safe. The returned [`Generation`] holds the worker's load
     /// until it ends; dropping it frees the request as disconnected and cancels the worker.
+    /// The hints' cache salt goes into a request that carries none, so that the worker seeds
+    /// its block hashes with the salt the router routed on.
     pub async fn generate(
         &self,
-        request: GenerateRequest,
+        mut request: GenerateRequest,
         options: GenerateOptions,
     ) -> Result<Generation, RouteError> {
+        if request.cache_salt.is_empty()
+            && let Some(salt) = &options.hints.cache_salt
+        {
+            request.cache_salt.clone_from(salt);
+        }
         let migration = self.inner.migration;
         let resume = (migration.limit > 0).then(|| stream::Resume {
             model: self.clone(),
@@ -209,7 +214,8 @@ impl ModelRouter {
                 token_ids: &this_request.token_ids,
                 lora_name: (!this_request.lora_name.is_empty())
                     .then_some(this_request.lora_name.as_str()),
-                cache_salt: options.cache_salt.as_deref(),
+                cache_salt: (!this_request.cache_salt.is_empty())
+                    .then_some(this_request.cache_salt.as_str()),
                 hints: hints.clone(),
                 prefix_cuts: &options.prefix_cuts,
             };

@@ -346,15 +346,15 @@ impl RouterService {
     ) -> Result<Generation, RouteError> {
         validate(&generate.model, &generate.request_id, &generate.token_ids)?;
         let model = self.model(&generate.model)?;
-        let hints = wire::hints_from_proto(
+        let mut hints = wire::hints_from_proto(
             generate.routing.as_ref(),
             &routed.allowed_worker_ids,
             0,
             routed.config_override.as_ref(),
         );
+        hints.cache_salt = (!routed.cache_salt.is_empty()).then_some(routed.cache_salt);
         let options = GenerateOptions {
             hints,
-            cache_salt: (!routed.cache_salt.is_empty()).then_some(routed.cache_salt),
             prefix_cuts: wire::cuts_from_proto(&routed.prefix_cuts).into(),
             response_timeout: None,
             wait: FirstResponseWait::None,

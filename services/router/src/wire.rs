@@ -160,6 +160,8 @@ pub fn hints_from_proto(
         session_bind_ttl: (session_bind_ttl_secs > 0)
             .then(|| Duration::from_secs(u64::from(session_bind_ttl_secs))),
         config_override: config_override.map(override_from_proto),
+        // The salt travels in the request itself (`cache_salt` of the route or worker request).
+        cache_salt: None,
     }
 }
 
@@ -376,6 +378,7 @@ mod tests {
                 overlap_score_credit: Some(0.5),
                 ..Default::default()
             }),
+            cache_salt: None,
         };
         let wire = hints_to_proto(&hints);
         let back = hints_from_proto(

@@ -68,6 +68,10 @@ pub struct CompletionRequest {
     /// End-user id, for logs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// vLLM: salt of the prompt's KV block hashes, so that only requests with the same salt
+    /// share cached blocks (tenant isolation); the `x-tenant-id` header wins over it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_salt: Option<String>,
     /// vLLM: keep generating through EOS.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ignore_eos: Option<bool>,

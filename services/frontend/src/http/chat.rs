@@ -286,20 +286,23 @@ pub(crate) async fn start(
     let scope = RequestScope::new(state, &entry, endpoint, stream)?;
     match state.processor.as_ref().filter(|_| entry.takes_tokens) {
         Some(hosts) => {
-            let processor_request =
-                super::routing_hints(&state.settings, headers, request.nvext.as_ref()).map(
-                    |hints| ProcessorRequest {
-                        request,
-                        request_id,
-                        hints,
-                        headers: response_headers.clone(),
-                        headers_allowed: endpoint == ChatCompletions::NAME
-                            && (!stream || state.settings.pre_commit_peek.is_some()),
-                        peek: state.settings.pre_commit_peek.filter(|_| stream),
-                        response_timeout: state.settings.backend_stream_timeout,
-                        trace: crate::trace_context::TraceContext::from_headers(headers),
-                    },
-                );
+            let processor_request = super::routing_hints(
+                &state.settings,
+                headers,
+                request.nvext.as_ref(),
+                request.cache_salt.as_deref(),
+            )
+            .map(|hints| ProcessorRequest {
+                request,
+                request_id,
+                hints,
+                headers: response_headers.clone(),
+                headers_allowed: endpoint == ChatCompletions::NAME
+                    && (!stream || state.settings.pre_commit_peek.is_some()),
+                peek: state.settings.pre_commit_peek.filter(|_| stream),
+                response_timeout: state.settings.backend_stream_timeout,
+                trace: crate::trace_context::TraceContext::from_headers(headers),
+            });
             start_on_processor(hosts, &entry, scope, processor_request)
                 .await
                 .map(|started| started.map_deltas(Either::Left))
@@ -405,7 +408,12 @@ async fn start_builtin(
             &entry,
             worker_request,
             sampling.n,
-            super::routing_hints(&state.settings, headers, request.nvext.as_ref())?,
+            super::routing_hints(
+                &state.settings,
+                headers,
+                request.nvext.as_ref(),
+                request.cache_salt.as_deref(),
+            )?,
             cuts,
             state.settings.backend_stream_timeout,
             super::first_response_wait(&state.settings, stream),

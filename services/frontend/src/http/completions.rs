@@ -109,7 +109,12 @@ async fn serve(
     let mut scope = RequestScope::new(state, &entry, Completions::NAME, stream)?;
     let settings = StartSettings {
         request_id: request_id.to_string(),
-        hints: super::routing_hints(&state.settings, headers, request.nvext.as_ref())?,
+        hints: super::routing_hints(
+            &state.settings,
+            headers,
+            request.nvext.as_ref(),
+            request.cache_salt.as_deref(),
+        )?,
         response_timeout: state.settings.backend_stream_timeout,
         wait: super::first_response_wait(&state.settings, stream),
     };

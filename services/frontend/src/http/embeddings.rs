@@ -93,8 +93,8 @@ async fn serve(
     } = arrival;
     early.parsed(state, &request.model, false);
     let (encoding, dimensions) = check(&request)?;
-    let pinned =
-        super::routing_hints(&state.settings, headers, request.nvext.as_ref())?.backend_instance_id;
+    let pinned = super::routing_hints(&state.settings, headers, request.nvext.as_ref(), None)?
+        .backend_instance_id;
     let entry = find_model(&state.models, &request.model)?;
     early.is_scoped = true;
     let mut scope = RequestScope::new(state, &entry, Embeddings::NAME, false)?;

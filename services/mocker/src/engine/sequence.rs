@@ -62,6 +62,7 @@ impl Sequence {
             stop_token_ids,
             ignore_eos: _,
             lora_name,
+            cache_salt,
             sampling,
             forced_output,
             max_thinking_tokens,
@@ -102,9 +103,12 @@ impl Sequence {
         let mut stop_token_ids = stop_token_ids;
         stop_token_ids.sort_unstable();
         stop_token_ids.dedup();
-        let hasher = config
-            .enable_prefix_caching
-            .then(|| BlockHasher::new(block_size, seed_for(lora_name.as_deref(), None)));
+        let hasher = config.enable_prefix_caching.then(|| {
+            BlockHasher::new(
+                block_size,
+                seed_for(lora_name.as_deref(), cache_salt.as_deref()),
+            )
+        });
         let rng = Xoshiro256::for_output(
             config.seed,
             &prompt,

@@ -26,6 +26,9 @@ pub struct EngineRequest {
     pub ignore_eos: bool,
     /// LoRA adapter; mixed into the block hashes (docs/kv-events.md, "Hashing").
     pub lora_name: Option<String>,
+    /// Cache salt (`cache_salt`, `x-tenant-id`); mixed into the block hashes after the LoRA
+    /// name, as the router does, so salted prompts share blocks only with the same salt.
+    pub cache_salt: Option<String>,
     /// How its tokens are drawn and whether log probabilities come with them.
     pub sampling: EngineSampling,
     /// When not empty, the output is exactly these tokens (guided decoding or tool calls: the

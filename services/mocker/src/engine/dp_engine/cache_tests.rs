@@ -1,6 +1,6 @@
 //! Prefix caching, eviction and the KV events they produce.
 
-use kvmesh_kv::hashing::{BASE_SEED, compute_block_hashes, compute_seq_hashes};
+use kvmesh_kv::hashing::{BASE_SEED, compute_block_hashes, compute_seq_hashes, seed_for};
 
 use super::tests::{all_events, first_output, prompt, request, run_to_idle, small_config};
 use super::*;
@@ -189,4 +189,33 @@ fn blocks_filled_by_decode_are_stored_one_by_one_under_their_parent() {
     assert_eq!(all_events(&steps), expected);
     // Block 1 fills when the pass computing the 8th token runs: prefill pass + 4 decode passes.
     assert_eq!(steps[4].kv_events, vec![expected[1].clone()]);
+}
+
+#[test]
+fn a_cache_salt_seeds_the_hashes_and_isolates_the_cache() {
+    let mut engine = DpEngine::new(small_config(16, 4), 0);
+    let tokens = prompt(1, 10);
+    let salted = |key: u64, salt: Option<&str>| EngineRequest {
+        cache_salt: salt.map(str::to_owned),
+        ..request(key, tokens.clone(), 1)
+    };
+    engine.add_request(salted(1, Some("tenant-a")));
+    let first = run_to_idle(&mut engine);
+    let local = compute_block_hashes(&tokens, 4, seed_for(None, Some("tenant-a")));
+    let KvCacheEvent::Stored { blocks, .. } = &all_events(&first)[0] else {
+        panic!("expected the prompt's blocks to be stored");
+    };
+    let stored: Vec<u64> = blocks.iter().map(|block| block.tokens_hash).collect();
+    assert_eq!(stored, local);
+    assert_ne!(local, compute_block_hashes(&tokens, 4, BASE_SEED));
+
+    for (key, salt, cached) in [
+        (2, Some("tenant-a"), 8),
+        (3, Some("tenant-b"), 0),
+        (4, None, 0),
+    ] {
+        engine.add_request(salted(key, salt));
+        let steps = run_to_idle(&mut engine);
+        assert_eq!(first_output(&steps, key).cached_tokens, cached, "{salt:?}");
+    }
 }
