@@ -89,6 +89,22 @@ def test_count_tokens_counts_the_rendered_prompt(mesh):
     assert created.usage.input_tokens == short.input_tokens
 
 
+def test_count_tokens_leaves_out_the_tools_a_none_choice_leaves_out(mesh):
+    """tool_choice none drops the tools from the prompt (--exclude-tools-when-tool-choice-none,
+    on by default): count_tokens must count that prompt, not one with the tools printed."""
+    client = claude(mesh)
+    tools = [{"name": "get_weather", "description": "The weather in a city.",
+              "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+    request = dict(model="tiny", messages=user("Weather in Oslo?"), tools=tools)
+    for choice in [{"type": "none"}, {"type": "auto"}]:
+        counted = client.messages.count_tokens(**request, tool_choice=choice).input_tokens
+        used = client.messages.create(**request, tool_choice=choice, max_tokens=1).usage.input_tokens
+        assert counted == used, choice
+    without_tools = client.messages.count_tokens(model="tiny", messages=user("Weather in Oslo?")).input_tokens
+    assert client.messages.count_tokens(**request, tool_choice={"type": "none"}).input_tokens == without_tools
+    assert client.messages.count_tokens(**request, tool_choice={"type": "auto"}).input_tokens > without_tools
+
+
 def test_anthropic_errors_have_the_anthropic_shape(mesh):
     client = claude(mesh)
     with pytest.raises(anthropic.BadRequestError) as missing:

@@ -80,7 +80,8 @@ pub struct AnthropicThinking {
     pub budget_tokens: Option<i64>,
 }
 
-/// A `count_tokens` request: the prompt parts of a Messages request.
+/// A `count_tokens` request: the fields of a Messages request that shape its rendered prompt.
+/// Unknown fields (a whole Messages request's `max_tokens`, `stream`, ...) are ignored.
 #[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
 pub struct CountTokensRequest {
     /// The served model name.
@@ -93,6 +94,43 @@ pub struct CountTokensRequest {
     /// Tools, rendered into the prompt by templates that print them.
     #[serde(default)]
     pub tools: Option<Vec<AnthropicTool>>,
+    /// Tool choice: `none` leaves the tools out of the prompt under
+    /// `--exclude-tools-when-tool-choice-none`, as on `/v1/messages`.
+    #[serde(default)]
+    pub tool_choice: Option<AnthropicToolChoice>,
+    /// Extended thinking: `disabled` sets the template variable `enable_thinking: false`.
+    #[serde(default)]
+    pub thinking: Option<AnthropicThinking>,
+}
+
+/// The prompt-shaping fields of a Messages or `count_tokens` request, converted once for both so
+/// that `count_tokens` counts the prompt `usage.input_tokens` reports.
+struct PromptParts<'a> {
+    model: &'a str,
+    system: Option<&'a AnthropicContent>,
+    messages: &'a [AnthropicMessage],
+    tools: Option<&'a [AnthropicTool]>,
+    tool_choice: Option<&'a AnthropicToolChoice>,
+    thinking: Option<&'a AnthropicThinking>,
+}
+
+impl PromptParts<'_> {
+    /// A chat request with the messages, tools, tool choice and thinking set, nothing else.
+    fn to_chat(&self) -> Result<ChatCompletionRequest, LlmError> {
+        let mut chat = ChatCompletionRequest {
+            model: self.model.to_owned(),
+            messages: chat_messages(self.system, self.messages)?,
+            tools: self.tools.map(chat_tools).transpose()?,
+            ..Default::default()
+        };
+        if let Some(thinking) = self.thinking {
+            apply_thinking(&mut chat, thinking)?;
+        }
+        if let Some(choice) = self.tool_choice {
+            apply_tool_choice(&mut chat, choice)?;
+        }
+        Ok(chat)
+    }
 }
 
 /// One message of the conversation.
@@ -230,47 +268,27 @@ impl MessagesRequest {
             }
             Some(n) => n,
         };
+        let prompt = PromptParts {
+            model: &self.model,
+            system: self.system.as_ref(),
+            messages: &self.messages,
+            tools: self.tools.as_deref(),
+            tool_choice: self.tool_choice.as_ref(),
+            thinking: self.thinking.as_ref(),
+        };
         let mut chat = ChatCompletionRequest {
-            model: self.model.clone(),
-            messages: chat_messages(self.system.as_ref(), &self.messages)?,
             max_tokens: Some(max_tokens),
             temperature: self.temperature,
             top_p: self.top_p,
             top_k: self.top_k,
             stream: self.stream,
             nvext: self.nvext.clone(),
-            tools: self.tools.as_deref().map(chat_tools).transpose()?,
-            ..Default::default()
+            ..prompt.to_chat()?
         };
-        if let Some(thinking) = &self.thinking {
-            apply_thinking(&mut chat, thinking)?;
-        }
         if let Some(stops) = self.stop_sequences.as_ref().filter(|s| !s.is_empty()) {
             chat.stop = Some(Stop::Many(
                 stops.iter().cloned().map(StopEntry::Text).collect(),
             ));
-        }
-        if let Some(choice) = &self.tool_choice {
-            chat.tool_choice = Some(match (choice.kind.as_str(), &choice.name) {
-                ("auto", _) => ToolChoice::Mode(ToolChoiceMode::Auto),
-                ("any", _) => ToolChoice::Mode(ToolChoiceMode::Required),
-                ("none", _) => ToolChoice::Mode(ToolChoiceMode::None),
-                ("tool", Some(name)) => ToolChoice::Named(NamedToolChoice {
-                    kind: "function".into(),
-                    function: FunctionName { name: name.clone() },
-                }),
-                (other, _) => {
-                    return Err(invalid(
-                        "tool_choice",
-                        format!(
-                            "tool_choice: unknown type {other:?} (or a tool choice without a name)"
-                        ),
-                    ));
-                }
-            });
-            if choice.disable_parallel_tool_use == Some(true) {
-                chat.parallel_tool_calls = Some(false);
-            }
         }
         Ok(chat)
     }
@@ -283,14 +301,18 @@ impl CountTokensRequest {
         preamble::strip_billing_lines(&mut self.system);
     }
 
-    /// The chat request whose rendered prompt is counted.
+    /// The chat request whose rendered prompt is counted: the same conversion as
+    /// [`MessagesRequest::to_chat`] of the prompt-shaping fields.
     pub fn to_chat(&self) -> Result<ChatCompletionRequest, LlmError> {
-        Ok(ChatCompletionRequest {
-            model: self.model.clone(),
-            messages: chat_messages(self.system.as_ref(), &self.messages)?,
-            tools: self.tools.as_deref().map(chat_tools).transpose()?,
-            ..Default::default()
-        })
+        PromptParts {
+            model: &self.model,
+            system: self.system.as_ref(),
+            messages: &self.messages,
+            tools: self.tools.as_deref(),
+            tool_choice: self.tool_choice.as_ref(),
+            thinking: self.thinking.as_ref(),
+        }
+        .to_chat()
     }
 }
 
@@ -321,6 +343,33 @@ fn chat_tools(tools: &[AnthropicTool]) -> Result<Vec<ChatTool>, LlmError> {
             ))),
         })
         .collect()
+}
+
+/// `tool_choice` on the chat request: `auto`, `any` (required), `none`, or `tool` with a name;
+/// `disable_parallel_tool_use: true` is chat's `parallel_tool_calls: false`.
+fn apply_tool_choice(
+    chat: &mut ChatCompletionRequest,
+    choice: &AnthropicToolChoice,
+) -> Result<(), LlmError> {
+    chat.tool_choice = Some(match (choice.kind.as_str(), &choice.name) {
+        ("auto", _) => ToolChoice::Mode(ToolChoiceMode::Auto),
+        ("any", _) => ToolChoice::Mode(ToolChoiceMode::Required),
+        ("none", _) => ToolChoice::Mode(ToolChoiceMode::None),
+        ("tool", Some(name)) => ToolChoice::Named(NamedToolChoice {
+            kind: "function".into(),
+            function: FunctionName { name: name.clone() },
+        }),
+        (other, _) => {
+            return Err(invalid(
+                "tool_choice",
+                format!("tool_choice: unknown type {other:?} (or a tool choice without a name)"),
+            ));
+        }
+    });
+    if choice.disable_parallel_tool_use == Some(true) {
+        chat.parallel_tool_calls = Some(false);
+    }
+    Ok(())
 }
 
 /// `thinking` on the chat request: `enabled` caps the thinking at `budget_tokens`; `disabled`

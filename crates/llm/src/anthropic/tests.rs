@@ -161,3 +161,46 @@ fn disable_parallel_tool_use_turns_parallel_tool_calls_off() {
     let free = request(body(json!({"type": "auto"}))).to_chat().unwrap();
     assert_eq!(free.parallel_tool_calls, None);
 }
+
+#[test]
+fn count_tokens_converts_the_prompt_fields_as_messages_does() {
+    let body = json!({
+        "model": "m", "max_tokens": 8,
+        "system": "be brief",
+        "messages": [{"role": "user", "content": "weather?"}],
+        "tools": [{"name": "weather", "input_schema": {"type": "object"}}],
+        "tool_choice": {"type": "none"},
+        "thinking": {"type": "disabled"},
+    });
+    let messages = request(body.clone()).to_chat().unwrap();
+    let counted: CountTokensRequest = serde_json::from_value(body).unwrap();
+    let counted = counted.to_chat().unwrap();
+    assert_eq!(
+        counted.tool_choice,
+        Some(ToolChoice::Mode(ToolChoiceMode::None))
+    );
+    assert_eq!(
+        counted.chat_template_kwargs.as_ref().unwrap()["enable_thinking"],
+        false
+    );
+    let prompt_fields = |chat: &ChatCompletionRequest| {
+        (
+            chat.model.clone(),
+            chat.messages.clone(),
+            chat.tools.clone(),
+            chat.tool_choice.clone(),
+            chat.parallel_tool_calls,
+            chat.chat_template_kwargs.clone(),
+        )
+    };
+    assert_eq!(prompt_fields(&counted), prompt_fields(&messages));
+    let bad: CountTokensRequest = serde_json::from_value(json!({
+        "model": "m", "messages": [{"role": "user", "content": "hi"}],
+        "thinking": {"type": "enabled"},
+    }))
+    .unwrap();
+    assert_eq!(
+        bad.to_chat().unwrap_err().param(),
+        Some("thinking.budget_tokens")
+    );
+}
