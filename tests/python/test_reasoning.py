@@ -4,11 +4,13 @@ mock engine thinks between P's markers, the frontend splits the thinking off (`r
 thinking blocks, reasoning items) and reads tool calls out (`tool_calls`, `tool_use` blocks,
 `function_call` items)."""
 import json
+import shutil
 
 import anthropic
 import jsonschema
 import pytest
 
+from conftest import TINY_MODEL
 from test_admission import start_up
 
 WEATHER = {
@@ -38,6 +40,22 @@ def reasoning_mesh(request):
 @pytest.fixture(scope="module")
 def mesh():
     mesh = start("up-r1", "deepseek_r1")
+    yield mesh
+    mesh.stop()
+
+
+@pytest.fixture(scope="module")
+def switch_mesh(tmp_path_factory):
+    """The tiny model with a hybrid reasoning model's switch in its chat template (Qwen3's):
+    `enable_thinking: false` renders an empty thinking section after the generation prompt."""
+    model = tmp_path_factory.mktemp("hybrid") / "tiny"
+    shutil.copytree(TINY_MODEL, model)
+    config_path = model / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] += ("{%- if add_generation_prompt and enable_thinking is defined and not enable_thinking %}"
+                                "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}")
+    config_path.write_text(json.dumps(config))
+    mesh = start("up-r1-switch", "deepseek_r1", "--model-path", str(model), "--model-name", "tiny")
     yield mesh
     mesh.stop()
 
@@ -161,11 +179,32 @@ def test_anthropic_thinking_budget_caps_the_thinking(mesh):
         return {block.type: block for block in message.content}
     capped = blocks({"type": "enabled", "budget_tokens": 5})
     assert len(words(capped["thinking"].thinking)) == 5
-    free = blocks({"type": "disabled"})
-    assert "text" in free
     with pytest.raises(anthropic.BadRequestError) as err:
         blocks({"type": "enabled"})
     assert "budget_tokens" in err.value.body["error"]["message"]
+
+
+def test_anthropic_thinking_disabled_turns_the_template_switch_off(switch_mesh):
+    """thinking disabled reaches the chat template as enable_thinking false, which this template
+    answers with an empty thinking section: a longer prompt, counted alike by count_tokens and by
+    chat with the variable set directly; thinking enabled leaves the switch alone."""
+    client = claude(switch_mesh)
+
+    def used(**extra):
+        return client.messages.create(model="tiny", max_tokens=1, messages=ask(), **extra).usage.input_tokens
+
+    def counted(**extra):
+        return client.messages.count_tokens(model="tiny", messages=ask(), **extra).input_tokens
+
+    default = used()
+    disabled = used(thinking={"type": "disabled"})
+    assert disabled > default
+    assert used(thinking={"type": "enabled", "budget_tokens": 5}) == default
+    assert counted(thinking={"type": "disabled"}) == disabled
+    assert counted() == default
+    chat = switch_mesh.client().chat.completions.create(
+        model="tiny", messages=ask(), max_tokens=1, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert chat.usage.prompt_tokens == disabled
 
 
 def test_single_call_switches_on_anthropic_and_responses(mesh):
