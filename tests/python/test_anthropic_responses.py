@@ -105,6 +105,20 @@ def test_count_tokens_leaves_out_the_tools_a_none_choice_leaves_out(mesh):
     assert client.messages.count_tokens(**request, tool_choice={"type": "auto"}).input_tokens > without_tools
 
 
+def test_stop_sequences_are_not_held_to_the_limit_of_openai_stop(mesh):
+    """Anthropic sets no limit on stop_sequences (OpenAI allows 4 `stop` entries); kvmesh's own
+    bound is a 400 that names stop_sequences."""
+    client = claude(mesh)
+    stops = [f"never-{i}" for i in range(6)]
+    message = client.messages.create(model="tiny", max_tokens=3, messages=user(), stop_sequences=stops)
+    assert message.stop_reason == "max_tokens"
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client.messages.create(model="tiny", max_tokens=3, messages=user(),
+                               stop_sequences=[f"never-{i}" for i in range(257)])
+    assert err.value.body["error"]["type"] == "invalid_request_error"
+    assert "'stop_sequences' may hold at most 256" in err.value.body["error"]["message"]
+
+
 def test_anthropic_errors_have_the_anthropic_shape(mesh):
     client = claude(mesh)
     with pytest.raises(anthropic.BadRequestError) as missing:

@@ -18,7 +18,7 @@ use self::content::chat_messages;
 use crate::error::LlmError;
 use crate::openai::{
     ChatCompletionRequest, ChatTool, FunctionDefinition, FunctionName, NamedToolChoice, Stop,
-    StopEntry, ToolChoice, ToolChoiceMode,
+    StopEntry, StopField, ToolChoice, ToolChoiceMode,
 };
 
 /// A Messages request. Unknown fields are ignored.
@@ -289,6 +289,7 @@ impl MessagesRequest {
             chat.stop = Some(Stop::Many(
                 stops.iter().cloned().map(StopEntry::Text).collect(),
             ));
+            chat.stop_field = StopField::StopSequences;
         }
         Ok(chat)
     }

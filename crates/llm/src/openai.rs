@@ -28,8 +28,8 @@ pub use chat_response::{
 };
 pub use common::{
     ChatCompletionChunkObject, ChatCompletionObject, CompletionTokensDetails, FinishReason,
-    ListObject, ModelObjectTag, PromptTokensDetails, Role, Stop, StopEntry, StreamOptions,
-    TextCompletionObject, Usage,
+    ListObject, MAX_ANTHROPIC_STOP_SEQUENCES, ModelObjectTag, PromptTokensDetails, Role, Stop,
+    StopEntry, StopField, StreamOptions, TextCompletionObject, Usage,
 };
 pub use completion::{
     CompletionChoice, CompletionChunk, CompletionChunkChoice, CompletionRequest,

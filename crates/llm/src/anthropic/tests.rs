@@ -204,3 +204,25 @@ fn count_tokens_converts_the_prompt_fields_as_messages_does() {
         Some("thinking.budget_tokens")
     );
 }
+
+#[test]
+fn stop_sequences_are_not_held_to_the_openai_limit_of_stop() {
+    let with_stops = |num: usize| {
+        let stops: Vec<String> = (0..num).map(|i| format!("END{i}")).collect();
+        request(json!({
+            "model": "m", "max_tokens": 8, "stop_sequences": stops,
+            "messages": [{"role": "user", "content": "hi"}],
+        }))
+        .to_chat()
+        .unwrap()
+    };
+    with_stops(5).validate().unwrap();
+    let error = with_stops(crate::openai::MAX_ANTHROPIC_STOP_SEQUENCES + 1)
+        .validate()
+        .unwrap_err();
+    assert_eq!(error.param(), Some("stop_sequences"));
+    assert!(error.to_string().contains("'stop_sequences'"), "{error}");
+    let mut chat = with_stops(5);
+    chat.stop_field = StopField::Stop;
+    assert_eq!(chat.validate().unwrap_err().param(), Some("stop"));
+}

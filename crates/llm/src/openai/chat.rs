@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::common::{Stop, StreamOptions};
+use super::common::{Stop, StopField, StreamOptions};
 use super::tools::{ChatTool, FunctionDefinition, ResponseFormat, ToolCall, ToolChoice};
 use crate::error::LlmError;
 
@@ -42,6 +42,10 @@ pub struct ChatCompletionRequest {
     /// Stop strings (and token ids).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop: Option<Stop>,
+    /// The field `stop` was translated from (Anthropic's `stop_sequences` has its own limit and
+    /// name in errors); never parsed or serialized.
+    #[serde(skip)]
+    pub stop_field: StopField,
     /// Sampling seed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<i64>,

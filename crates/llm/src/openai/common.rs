@@ -180,6 +180,31 @@ pub enum Stop {
     Many(Vec<StopEntry>),
 }
 
+/// The request field a chat request's `stop` strings came from: it sets their limit and is the
+/// name errors give. Set by a translation, never parsed or serialized.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum StopField {
+    /// Chat's and completions' `stop`: at most OpenAI's [`super::MAX_STOP_SEQUENCES`] entries.
+    #[default]
+    Stop,
+    /// Anthropic's `stop_sequences`: the API sets no limit of its own; kvmesh's bound is
+    /// [`MAX_ANTHROPIC_STOP_SEQUENCES`].
+    StopSequences,
+}
+
+/// Most Anthropic `stop_sequences`: each stop string is checked against the text of every token.
+pub const MAX_ANTHROPIC_STOP_SEQUENCES: usize = 256;
+
+impl StopField {
+    /// The field's name and how many entries it may hold.
+    pub fn name_and_limit(self) -> (&'static str, usize) {
+        match self {
+            Self::Stop => ("stop", super::MAX_STOP_SEQUENCES),
+            Self::StopSequences => ("stop_sequences", MAX_ANTHROPIC_STOP_SEQUENCES),
+        }
+    }
+}
+
 /// One entry of a `stop` list.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]

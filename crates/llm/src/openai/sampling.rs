@@ -2,7 +2,7 @@
 //! endpoints share.
 
 use super::chat::ChatCompletionRequest;
-use super::common::Stop;
+use super::common::{Stop, StopField};
 use super::completion::CompletionRequest;
 use super::guided::{Guided, GuidedFields, guided_decoding};
 use super::nvext::nvext_sampling;
@@ -96,6 +96,7 @@ struct Common<'a> {
     presence_penalty: Option<f64>,
     frequency_penalty: Option<f64>,
     stop: Option<&'a Stop>,
+    stop_field: StopField,
     seed: Option<i64>,
     ignore_eos: Option<bool>,
     min_tokens: Option<i64>,
@@ -128,6 +129,7 @@ impl ChatCompletionRequest {
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
             stop: self.stop.as_ref(),
+            stop_field: self.stop_field,
             seed: self.seed,
             ignore_eos: self.ignore_eos,
             min_tokens: self.min_tokens,
@@ -237,6 +239,7 @@ impl CompletionRequest {
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
             stop: self.stop.as_ref(),
+            stop_field: StopField::Stop,
             seed: self.seed,
             ignore_eos: self.ignore_eos,
             min_tokens: self.min_tokens,
@@ -296,18 +299,19 @@ fn validate_common(c: &Common<'_>) -> Result<(), LlmError> {
     float_range("presence_penalty", c.presence_penalty, -2.0, 2.0, true)?;
     float_range("frequency_penalty", c.frequency_penalty, -2.0, 2.0, true)?;
     float_range("min_p", c.min_p, 0.0, 1.0, true)?;
+    let (stop_field, max_stops) = c.stop_field.name_and_limit();
     let num_stops = c.stop.map_or(0, Stop::len);
-    if num_stops > MAX_STOP_SEQUENCES {
+    if num_stops > max_stops {
         return Err(LlmError::invalid(
-            "stop",
-            format!("'stop' may hold at most {MAX_STOP_SEQUENCES} sequences, got {num_stops}"),
+            stop_field,
+            format!("'{stop_field}' may hold at most {max_stops} sequences, got {num_stops}"),
         ));
     }
     if let Some(longest) = c.stop.and_then(|stop| stop.strings().map(str::len).max())
         && longest > MAX_STOP_STRING_BYTES
     {
         return Err(LlmError::invalid(
-            "stop",
+            stop_field,
             format!("a stop sequence may be at most {MAX_STOP_STRING_BYTES} bytes, got {longest}"),
         ));
     }
