@@ -8,6 +8,7 @@ import shutil
 
 import anthropic
 import jsonschema
+import openai
 import pytest
 
 from conftest import TINY_MODEL
@@ -243,3 +244,25 @@ def test_anthropic_server_tools_are_501s_naming_their_type(mesh):
     accepted = claude(mesh).messages.create(model="tiny", max_tokens=4, messages=ask(), metadata={"user_id": "u"},
                                             service_tier="auto")
     assert accepted.usage.output_tokens == 4
+
+
+def test_responses_hosted_tool_choices_are_501s_and_allowed_function_tools_filter(mesh):
+    client = mesh.client()
+    time_schema = {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}
+    tools = [{"type": "function", "name": "get_weather", "parameters": WEATHER},
+             {"type": "function", "name": "get_time", "parameters": time_schema}]
+    for choice in [{"type": "web_search_preview"}, {"type": "file_search"},
+                   {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "mcp", "server_label": "wiki"}]}]:
+        with pytest.raises(openai.APIStatusError) as err:
+            client.responses.create(model="tiny", input="What time is it?", tools=tools, tool_choice=choice)
+        assert err.value.status_code == 501, choice
+        kind = choice["tools"][0]["type"] if choice["type"] == "allowed_tools" else choice["type"]
+        assert f"'{kind}'" in err.value.body["message"]
+    # A required call among the allowed tools only: get_time, though get_weather is listed first.
+    allowed = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "get_time"}]}
+    resp = client.responses.create(model="tiny", input="Tell me something.", tools=tools, tool_choice=allowed,
+                                   max_output_tokens=300)
+    assert [item.name for item in resp.output if item.type == "function_call"] == ["get_time"]
+    unfiltered = client.responses.create(model="tiny", input="Tell me something.", tools=tools,
+                                         tool_choice="required", max_output_tokens=300)
+    assert [item.name for item in unfiltered.output if item.type == "function_call"][0] == "get_weather"

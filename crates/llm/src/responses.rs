@@ -8,15 +8,15 @@
 //! message's `tool_calls`, `function_call_output` items onto `tool` messages).
 
 mod options;
+mod tools;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::LlmError;
 use crate::openai::{
-    ChatCompletionRequest, ChatMessage, ChatTool, FunctionCall, FunctionDefinition, FunctionName,
-    JsonSchemaFormat, MessageContent, NamedToolChoice, ResponseFormat, ToolCall, ToolChoice,
-    ToolChoiceMode,
+    ChatCompletionRequest, ChatMessage, FunctionCall, JsonSchemaFormat, MessageContent,
+    ResponseFormat, ToolCall,
 };
 
 /// A Responses request. Unknown fields are ignored.
@@ -273,6 +273,8 @@ impl ResponsesRequest {
         if messages.iter().all(|m| m.role == "system") {
             return Err(invalid("input", "input must hold at least one message"));
         }
+        let (tools, tool_choice) =
+            tools::chat_tools_and_choice(self.tools.as_deref(), self.tool_choice.as_ref())?;
         Ok(ChatCompletionRequest {
             model: self.model.clone(),
             messages,
@@ -284,8 +286,8 @@ impl ResponsesRequest {
             top_logprobs: self.top_logprobs,
             user: self.user.clone(),
             nvext: self.nvext.clone(),
-            tools: self.tools.as_deref().map(chat_tools).transpose()?,
-            tool_choice: self.tool_choice.as_ref().map(tool_choice).transpose()?,
+            tools,
+            tool_choice,
             parallel_tool_calls: self.parallel_tool_calls,
             reasoning_effort: self
                 .reasoning
@@ -393,76 +395,6 @@ fn push_item(
         }
     }
     Ok(())
-}
-
-fn chat_tools(tools: &[ResponsesTool]) -> Result<Vec<ChatTool>, LlmError> {
-    tools
-        .iter()
-        .enumerate()
-        .map(|(index, tool)| {
-            if tool.kind != "function" {
-                return Err(LlmError::unhandled_kind(
-                    &tool.kind,
-                    &[
-                        "file_search",
-                        "web_search",
-                        "web_search_preview",
-                        "computer_use_preview",
-                        "mcp",
-                        "code_interpreter",
-                        "image_generation",
-                        "local_shell",
-                        "custom",
-                    ],
-                    "tools",
-                    format!(
-                        "tools[{index}]: tool type '{}' is not supported; only function tools",
-                        tool.kind
-                    ),
-                ));
-            }
-            let name = tool
-                .name
-                .clone()
-                .ok_or_else(|| invalid("tools", format!("tools[{index}]: name is required")))?;
-            Ok(ChatTool {
-                kind: "function".into(),
-                function: FunctionDefinition {
-                    name,
-                    description: tool.description.clone(),
-                    parameters: tool.parameters.clone(),
-                    strict: tool.strict,
-                },
-            })
-        })
-        .collect()
-}
-
-fn tool_choice(value: &Value) -> Result<ToolChoice, LlmError> {
-    match value {
-        Value::String(mode) => match mode.as_str() {
-            "none" => Ok(ToolChoice::Mode(ToolChoiceMode::None)),
-            "auto" => Ok(ToolChoice::Mode(ToolChoiceMode::Auto)),
-            "required" => Ok(ToolChoice::Mode(ToolChoiceMode::Required)),
-            other => Err(invalid(
-                "tool_choice",
-                format!("unknown tool_choice {other:?}"),
-            )),
-        },
-        Value::Object(choice) => match choice.get("name").and_then(Value::as_str) {
-            Some(name) => Ok(ToolChoice::Named(NamedToolChoice {
-                kind: "function".into(),
-                function: FunctionName {
-                    name: name.to_string(),
-                },
-            })),
-            None => Err(invalid("tool_choice", "tool_choice object needs a name")),
-        },
-        _ => Err(invalid(
-            "tool_choice",
-            "tool_choice must be a string or an object",
-        )),
-    }
 }
 
 #[cfg(test)]

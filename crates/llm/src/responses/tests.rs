@@ -1,4 +1,5 @@
 use super::*;
+use crate::openai::{ToolChoice, ToolChoiceMode};
 
 fn request(body: Value) -> ResponsesRequest {
     serde_json::from_value(body).unwrap()
@@ -149,4 +150,63 @@ fn encrypted_reasoning_and_replayed_reasoning_items_are_accepted() {
     .unwrap();
     let roles: Vec<&str> = chat.messages.iter().map(|m| m.role.as_str()).collect();
     assert_eq!(roles, ["user", "assistant", "user"]);
+}
+
+#[test]
+fn hosted_tool_choices_are_501s_naming_their_type() {
+    let with_choice = |choice: Value| {
+        request(serde_json::json!({"model": "m", "input": "x", "tool_choice": choice})).to_chat()
+    };
+    for choice in [
+        serde_json::json!({"type": "web_search_preview"}),
+        serde_json::json!({"type": "file_search"}),
+        serde_json::json!({"type": "mcp", "server_label": "deepwiki", "name": "ask"}),
+        serde_json::json!({"type": "allowed_tools", "mode": "auto",
+                           "tools": [{"type": "mcp", "server_label": "deepwiki"}]}),
+    ] {
+        match with_choice(choice.clone()) {
+            Err(LlmError::Unsupported(message)) => {
+                let kind = choice["tools"][0]["type"]
+                    .as_str()
+                    .or(choice["type"].as_str());
+                assert!(
+                    message.contains(&format!("'{}'", kind.unwrap())),
+                    "{message}"
+                );
+            }
+            other => panic!("{choice}: {other:?}"),
+        }
+    }
+    let unknown = with_choice(serde_json::json!({"type": "telepathy"})).unwrap_err();
+    assert_eq!(unknown.param(), Some("tool_choice"));
+    let nameless = with_choice(serde_json::json!({"type": "function"})).unwrap_err();
+    assert!(nameless.to_string().contains("needs a name"), "{nameless}");
+}
+
+#[test]
+fn allowed_function_tools_filter_the_tools() {
+    let tool = |name: &str| serde_json::json!({"type": "function", "name": name});
+    let with_allowed = |allowed: Value| {
+        request(serde_json::json!({
+            "model": "m", "input": "x",
+            "tools": [tool("weather"), tool("time"), tool("news")],
+            "tool_choice": {"type": "allowed_tools", "mode": "required", "tools": allowed},
+        }))
+        .to_chat()
+    };
+    let chat = with_allowed(serde_json::json!([tool("news"), tool("weather")])).unwrap();
+    let names: Vec<String> = chat
+        .tools
+        .unwrap()
+        .into_iter()
+        .map(|t| t.function.name)
+        .collect();
+    assert_eq!(names, ["weather", "news"]);
+    assert_eq!(
+        chat.tool_choice,
+        Some(ToolChoice::Mode(ToolChoiceMode::Required))
+    );
+    let missing = with_allowed(serde_json::json!([tool("stocks")])).unwrap_err();
+    assert!(missing.to_string().contains("'stocks'"), "{missing}");
+    assert_eq!(missing.param(), Some("tool_choice"));
 }
