@@ -163,7 +163,9 @@ pub struct RouterArgs {
     pub router_durable_kv_events: bool,
 
     /// Prefill load model: `none` counts uncached prompt tokens until the first token; `aic` /
-    /// `ais` (a predicted prefill duration) are refused until the predictor exists.
+    /// `ais` (a predicted prefill duration) start with a WARN and count as `none` until the
+    /// predictor exists (they need `--router-mode kv`, `--router-track-prefill-tokens` and the
+    /// `--ais-backend`, `--ais-system` and `--ais-model-path` options).
     #[arg(long, env = "DYN_ROUTER_PREFILL_LOAD_MODEL", default_value = "none")]
     pub router_prefill_load_model: String,
 

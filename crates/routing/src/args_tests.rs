@@ -427,7 +427,13 @@ fn aic_prefill_model_needs_its_options_and_reads_the_older_spelling() {
     let warned = later_warnings(&kv, &legacy).unwrap();
     assert_eq!(warned.len(), 1, "{warned:?}");
     assert!(
-        warned[0].contains("--router-prefill-load-model aic"),
+        warned[0].contains("--router-prefill-load-model aic is not implemented yet"),
+        "{warned:?}"
+    );
+    let ais = ["--router-mode", "kv", "--router-prefill-load-model", "ais"];
+    let warned = later_warnings(&ais, &legacy).unwrap();
+    assert!(
+        warned[0].starts_with("--router-prefill-load-model ais is not implemented yet"),
         "{warned:?}"
     );
     let mut aliased = kv.to_vec();

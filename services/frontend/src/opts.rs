@@ -418,6 +418,27 @@ mod tests {
     }
 
     #[test]
+    fn a_processor_config_warns_only_without_a_custom_processor() {
+        let warned = |args: &[&str]| {
+            let opts = FrontendOpts::try_parse_from(std::iter::once(&"f").chain(args)).unwrap();
+            let notices = opts.frontend.chat.notices();
+            notices
+                .iter()
+                .filter(|notice| notice.starts_with("--dyn-chat-processor-config"))
+                .count()
+        };
+        assert_eq!(warned(&[]), 0);
+        assert_eq!(warned(&["--dyn-chat-processor-config", "{ }"]), 0);
+        let options = r#"{"temperature": 0.5}"#;
+        assert_eq!(warned(&["--dyn-chat-processor-config", options]), 1);
+        let custom = ["--dyn-chat-processor", "my_processor:factory"];
+        assert_eq!(
+            warned(&[custom[0], custom[1], "--dyn-chat-processor-config", options]),
+            0
+        );
+    }
+
+    #[test]
     fn overload_status_falls_back() {
         assert_eq!(overload_status("503"), Ok(503));
         assert_eq!(overload_status("42"), Ok(529));

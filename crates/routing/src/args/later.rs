@@ -28,10 +28,11 @@ pub struct AisArgs {
     /// Whole perf-model configuration, as JSON or a JSON/YAML file (not used by kvmesh).
     #[arg(long, env = "DYN_AIS_PERF_CONFIG")]
     pub ais_perf_config: Option<String>,
-    /// Engine family of the perf model, e.g. `vllm` (required with `--router-prefill-load-model aic`).
+    /// Engine family of the perf model, e.g. `vllm` (required with `--router-prefill-load-model`
+    /// `aic` or `ais`).
     #[arg(long, visible_alias = "aic-backend", env = "DYN_AIS_BACKEND")]
     pub ais_backend: Option<String>,
-    /// Hardware of the perf model, e.g. `h200_sxm` (required with `aic`).
+    /// Hardware of the perf model, e.g. `h200_sxm` (required with `aic` or `ais`).
     #[arg(long, visible_alias = "aic-system", env = "DYN_AIS_SYSTEM")]
     pub ais_system: Option<String>,
     /// Pinned perf database version.
@@ -44,7 +45,7 @@ pub struct AisArgs {
     /// Tensor-parallel size of the modelled deployment.
     #[arg(long, visible_alias = "aic-tp-size", env = "DYN_AIS_TP_SIZE", value_parser = clap::value_parser!(u32).range(1..))]
     pub ais_tp_size: Option<u32>,
-    /// Model looked up in the perf database (required with `aic`).
+    /// Model looked up in the perf database (required with `aic` or `ais`).
     #[arg(long, visible_alias = "aic-model-path", env = "DYN_AIS_MODEL_PATH")]
     pub ais_model_path: Option<String>,
     /// MoE tensor-parallel size.
@@ -211,13 +212,13 @@ impl LaterRouterArgs {
                 }
             }
             later(
-                "--router-prefill-load-model aic",
+                &format!("--router-prefill-load-model {prefill_load_model}"),
                 "counts uncached prompt tokens as prefill load (the `none` model)",
             );
         } else if ais.is_set() || self.router_prefill_predictor_poly.is_some() {
             later(
                 "--ais-*/--aic-* perf-model options",
-                "uses them only with --router-prefill-load-model aic, which it does not implement yet",
+                "uses them only with --router-prefill-load-model aic or ais, which it does not implement yet",
             );
         }
         Ok(warnings)

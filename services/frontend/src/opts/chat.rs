@@ -145,6 +145,14 @@ impl ChatOpts {
         (self.dyn_chat_processor != "dynamo").then_some(self.dyn_chat_processor.as_str())
     }
 
+    /// Whether `--dyn-chat-processor-config` holds any option (the default `{}` holds none).
+    fn has_processor_config(&self) -> bool {
+        serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(
+            &self.dyn_chat_processor_config,
+        )
+        .map_or(true, |options| !options.is_empty())
+    }
+
     /// Whether `--interactive` is on.
     pub fn interactive(&self) -> bool {
         negatable(self.interactive, self.no_interactive)
@@ -179,6 +187,11 @@ impl ChatOpts {
             later(
                 "--trust-remote-code",
                 "loads tokenizer.json with the Rust tokenizer, which runs no model code",
+            );
+        }
+        if self.custom_processor().is_none() && self.has_processor_config() {
+            warnings.push(
+                "--dyn-chat-processor-config (DYN_CHAT_PROCESSOR_CONFIG) has no effect with the built-in dynamo chat processor; kvmesh passes it only to a custom --dyn-chat-processor".into(),
             );
         }
         if self.admission_control != "none" {
