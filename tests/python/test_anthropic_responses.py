@@ -235,3 +235,23 @@ def test_responses_stream_event_order(mesh):
     assert "[DONE]" not in r.text
     done = dict(events)["response.output_text.done"]["text"]
     assert done == "".join(d["delta"] for n, d in events if n == "response.output_text.delta")
+
+
+def test_a_failed_tool_result_is_rendered_as_an_error(mesh):
+    """tool_result is_error: true puts "Error: " before the result the model reads."""
+    client = claude(mesh)
+
+    def counted(is_error):
+        messages = [
+            {"role": "user", "content": "Weather in Oslo?"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get_weather",
+                                               "input": {"city": "Oslo"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "is_error": is_error,
+                                          "content": "city not found"}]},
+        ]
+        return client.messages.count_tokens(model="tiny", messages=messages).input_tokens
+
+    assert counted(True) > counted(False)
+    plain = client.messages.count_tokens(model="tiny", messages=user("city not found")).input_tokens
+    prefixed = client.messages.count_tokens(model="tiny", messages=user("Error: city not found")).input_tokens
+    assert counted(True) - counted(False) == prefixed - plain

@@ -176,10 +176,18 @@ pub struct ContentBlock {
     /// Result of a `tool_result` block: a string or text blocks.
     #[serde(default)]
     pub content: Option<Value>,
+    /// Whether a `tool_result` reports a failed call: its text reaches the model after
+    /// [`TOOL_ERROR_PREFIX`].
+    #[serde(default)]
+    pub is_error: Option<bool>,
     /// Reasoning of a `thinking` block.
     #[serde(default)]
     pub thinking: Option<String>,
 }
+
+/// What starts the rendered text of a `tool_result` with `is_error: true`, so that the model
+/// sees that the call failed (the chat `tool` message has no error flag of its own).
+pub const TOOL_ERROR_PREFIX: &str = "Error: ";
 
 /// A tool definition: `{name, description?, input_schema}`.
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]

@@ -1,10 +1,11 @@
 //! Anthropic content blocks onto chat messages: `text` blocks become content, an assistant's
-//! `tool_use` blocks its `tool_calls`, a user's `tool_result` blocks `tool` messages, and
-//! `thinking` blocks the assistant's `reasoning_content`.
+//! `tool_use` blocks its `tool_calls`, a user's `tool_result` blocks `tool` messages (a failed
+//! call's text after [`TOOL_ERROR_PREFIX`]), and `thinking` blocks the assistant's
+//! `reasoning_content`.
 
 use serde_json::Value;
 
-use super::{AnthropicContent, AnthropicMessage, ContentBlock, invalid};
+use super::{AnthropicContent, AnthropicMessage, ContentBlock, TOOL_ERROR_PREFIX, invalid};
 use crate::error::LlmError;
 use crate::openai::{ChatMessage, FunctionCall, MessageContent, ToolCall};
 
@@ -134,6 +135,14 @@ fn content_text(content: &AnthropicContent, field: &'static str) -> Result<Strin
 }
 
 fn tool_result_text(block: &ContentBlock) -> Result<String, LlmError> {
+    let text = tool_result_content(block)?;
+    Ok(match block.is_error {
+        Some(true) => format!("{TOOL_ERROR_PREFIX}{text}"),
+        _ => text,
+    })
+}
+
+fn tool_result_content(block: &ContentBlock) -> Result<String, LlmError> {
     match &block.content {
         None | Some(Value::Null) => Ok(String::new()),
         Some(Value::String(text)) => Ok(text.clone()),

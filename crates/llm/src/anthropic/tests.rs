@@ -226,3 +226,29 @@ fn stop_sequences_are_not_held_to_the_openai_limit_of_stop() {
     chat.stop_field = StopField::Stop;
     assert_eq!(chat.validate().unwrap_err().param(), Some("stop"));
 }
+
+#[test]
+fn a_failed_tool_result_reaches_the_model_as_an_error() {
+    let chat = request(json!({
+        "model": "m", "max_tokens": 8,
+        "messages": [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "t1", "name": "weather", "input": {}},
+                {"type": "tool_use", "id": "t2", "name": "weather", "input": {}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "is_error": true,
+                 "content": [{"type": "text", "text": "city not found"}]},
+                {"type": "tool_result", "tool_use_id": "t2", "is_error": false, "content": "sunny"}]}
+        ],
+    }))
+    .to_chat()
+    .unwrap();
+    let tool_texts: Vec<String> = chat
+        .messages
+        .iter()
+        .filter(|message| message.role == "tool")
+        .map(|message| message.text().unwrap().into_owned())
+        .collect();
+    assert_eq!(tool_texts, ["Error: city not found", "sunny"]);
+}
