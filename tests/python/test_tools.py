@@ -94,6 +94,26 @@ def test_required_calls_a_tool_and_auto_follows_the_question(hermes_mesh):
     assert plain.message.tool_calls is None and plain.message.content
 
 
+def test_required_streams_a_call_the_sdk_reassembles(hermes_mesh):
+    """tool_choice "required" with a question that names no tool, streamed: the SDK's stream
+    helper rebuilds the same call as the unary answer from the delta.tool_calls fragments, and no
+    text goes out as content."""
+    args = dict(model="tiny", messages=ask("Hello there."), tools=TOOLS, max_tokens=200,
+                tool_choice="required", temperature=0)
+    unary = hermes_mesh.client().chat.completions.create(**args).choices[0]
+    assert_valid_calls(unary.message.tool_calls, ["get_weather"])
+    with hermes_mesh.client().chat.completions.stream(**args) as stream:
+        events = list(stream)
+        final = stream.get_final_completion()
+    streamed = final.choices[0]
+    assert streamed.finish_reason == "tool_calls"
+    assert not streamed.message.content
+    assert_valid_calls(streamed.message.tool_calls, ["get_weather"])
+    assert streamed.message.tool_calls[0].function.arguments == unary.message.tool_calls[0].function.arguments
+    assert any(e.type == "tool_calls.function.arguments.done" for e in events)
+    assert not any(e.type == "content.delta" and e.delta for e in events)
+
+
 def test_a_parallel_pair_and_parallel_tool_calls_false(hermes_mesh):
     question = ask("Use get_weather for Paris and get_time for Paris.")
     pair = chat(hermes_mesh, messages=question).choices[0]
