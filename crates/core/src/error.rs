@@ -16,6 +16,10 @@ pub enum ErrorCode {
     PayloadTooLarge,
     /// The path exists but not with this method.
     MethodNotAllowed,
+    /// The body's content type is not one the route takes.
+    UnsupportedMediaType,
+    /// The caller sent no credential or a wrong one (an API or admin key).
+    Unauthenticated,
     /// Known but not ready: no worker, draining, a dependency down.
     Unavailable,
     /// Every worker is busy or a queue is full.
@@ -38,6 +42,8 @@ impl ErrorCode {
             Self::NotFound => 404,
             Self::PayloadTooLarge => 413,
             Self::MethodNotAllowed => 405,
+            Self::UnsupportedMediaType => 415,
+            Self::Unauthenticated => 401,
             Self::Unavailable => 503,
             Self::Overloaded => overload_status,
             Self::Timeout => 504,
@@ -50,9 +56,11 @@ impl ErrorCode {
     /// The OpenAI error `type` string for this code.
     pub fn openai_type(self) -> &'static str {
         match self {
-            Self::InvalidArgument | Self::PayloadTooLarge | Self::MethodNotAllowed => {
-                "invalid_request_error"
-            }
+            Self::InvalidArgument
+            | Self::PayloadTooLarge
+            | Self::MethodNotAllowed
+            | Self::UnsupportedMediaType => "invalid_request_error",
+            Self::Unauthenticated => "authentication_error",
             Self::NotFound => "not_found_error",
             Self::Unavailable => "service_unavailable",
             Self::Overloaded => "overloaded",
@@ -66,7 +74,10 @@ impl ErrorCode {
     /// The Anthropic error `type` string for this code (the Messages API's error shape).
     pub fn anthropic_type(self) -> &'static str {
         match self {
-            Self::InvalidArgument | Self::MethodNotAllowed => "invalid_request_error",
+            Self::InvalidArgument | Self::MethodNotAllowed | Self::UnsupportedMediaType => {
+                "invalid_request_error"
+            }
+            Self::Unauthenticated => "authentication_error",
             Self::NotFound => "not_found_error",
             Self::PayloadTooLarge => "request_too_large",
             Self::Unavailable | Self::Overloaded => "overloaded_error",
@@ -78,7 +89,11 @@ impl ErrorCode {
     /// The `error_type` label of `requests_total` for this code.
     pub fn metric_label(self) -> &'static str {
         match self {
-            Self::InvalidArgument | Self::PayloadTooLarge | Self::MethodNotAllowed => "validation",
+            Self::InvalidArgument
+            | Self::PayloadTooLarge
+            | Self::MethodNotAllowed
+            | Self::UnsupportedMediaType => "validation",
+            Self::Unauthenticated => "unauthenticated",
             Self::NotFound => "not_found",
             Self::Unavailable | Self::Internal => "internal",
             Self::Overloaded => "overload",
@@ -95,6 +110,8 @@ impl ErrorCode {
             Self::NotFound => "not_found",
             Self::PayloadTooLarge => "payload_too_large",
             Self::MethodNotAllowed => "method_not_allowed",
+            Self::UnsupportedMediaType => "unsupported_media_type",
+            Self::Unauthenticated => "unauthenticated",
             Self::Unavailable => "unavailable",
             Self::Overloaded => "overloaded",
             Self::Timeout => "timeout",
@@ -110,11 +127,13 @@ impl ErrorCode {
     }
 
     /// Every code, for tables and tests.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 12] = [
         Self::InvalidArgument,
         Self::NotFound,
         Self::PayloadTooLarge,
         Self::MethodNotAllowed,
+        Self::UnsupportedMediaType,
+        Self::Unauthenticated,
         Self::Unavailable,
         Self::Overloaded,
         Self::Timeout,
@@ -136,5 +155,15 @@ mod tests {
         assert_eq!(ErrorCode::from_name("nonsense"), None);
         assert_eq!(ErrorCode::Overloaded.http_status(529), 529);
         assert_eq!(ErrorCode::InvalidArgument.http_status(529), 400);
+        assert_eq!(ErrorCode::Unauthenticated.http_status(529), 401);
+        assert_eq!(
+            ErrorCode::Unauthenticated.openai_type(),
+            "authentication_error"
+        );
+        assert_eq!(
+            ErrorCode::Unauthenticated.anthropic_type(),
+            "authentication_error"
+        );
+        assert_eq!(ErrorCode::UnsupportedMediaType.http_status(529), 415);
     }
 }
