@@ -1,8 +1,8 @@
 """Every Dynamo frontend launch option starts kvmesh-frontend: each flag of Dynamo 1.6.1's
 `--help` and each environment variable of Dynamo's frontend guide, listed with a value in
 data/dynamo_frontend_options.json. Options kvmesh does not implement yet must log one WARN naming
-them; TLS and keyed tracking hashes must refuse to start naming the flag; `--interactive` runs the
-REPL instead of HTTP and answers a typed prompt."""
+them; the edge's TLS serves HTTPS; internal and NATS TLS and keyed tracking hashes must refuse to
+start naming the flag; `--interactive` runs the REPL instead of HTTP and answers a typed prompt."""
 import glob
 import itertools
 import json
@@ -18,6 +18,7 @@ import pytest
 import requests
 
 from conftest import BIN_DIR, free_port
+from pki import Ca
 
 HERE = Path(__file__).resolve().parent
 OPTIONS = json.loads((HERE / "data" / "dynamo_frontend_options.json").read_text())
@@ -35,12 +36,19 @@ def files():
         tmp = Path(tmp)
         (tmp / "policy.yaml").write_text("policy_classes: []\n")
         (tmp / "cert.pem").write_text("-----BEGIN CERTIFICATE-----\n")
+        ca = Ca(tmp / "pki")
+        cert, key = ca.issue("kvmesh-edge", 1)
+        for name, path in (("ca.pem", ca.pem), ("edge.pem", cert), ("edge.key", key)):
+            (tmp / name).write_bytes(path.read_bytes())
         yield tmp
 
 
 def fill(value, files, ports, out):
     return (value.replace("{file}", str(files / "policy.yaml"))
             .replace("{pem}", str(files / "cert.pem"))
+            .replace("{cert}", str(files / "edge.pem"))
+            .replace("{key}", str(files / "edge.key"))
+            .replace("{ca}", str(files / "ca.pem"))
             .replace("{dir}", str(MODEL_DIR))
             .replace("{port2}", str(ports[1]))
             .replace("{port}", str(ports[0]))
@@ -63,14 +71,14 @@ def launch(args, env, expect, files):
         proc = subprocess.Popen(argv, env=full_env, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
-            return wait_outcome(proc, expect, ports), proc
+            return wait_outcome(proc, expect, ports, files), proc
         finally:
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
 
 
-def wait_outcome(proc, expect, ports):
+def wait_outcome(proc, expect, ports, files):
     live = {"kserve": (ports[1], "/live"), "kserve_env": (ports[1], "/live"),
             "live_moved": (ports[0], "/x/live")}.get(expect, (ports[0], "/live"))
     deadline = time.time() + 20
@@ -87,7 +95,16 @@ def wait_outcome(proc, expect, ports):
                 return False
             except requests.ConnectionError:
                 return True
-        if expect != "refused":
+        if expect == "tls":
+            # Verified against the test CA, with a client certificate for --tls-client-ca-cert-path.
+            try:
+                r = requests.get(f"https://127.0.0.1:{ports[0]}/live", timeout=0.5, verify=str(files / "ca.pem"),
+                                 cert=(str(files / "edge.pem"), str(files / "edge.key")))
+                if r.status_code == 200:
+                    return True
+            except requests.RequestException:
+                pass
+        elif expect != "refused":
             try:
                 if requests.get(f"http://127.0.0.1:{live[0]}{live[1]}", timeout=0.5).status_code == 200:
                     return True

@@ -439,11 +439,15 @@ mod tests {
     }
 
     #[test]
-    fn tls_options_are_checked_in_pairs_then_refused_naming_the_flag() {
+    fn tls_options_are_checked_in_pairs_and_only_the_edges_are_served() {
         let dir = tempfile::tempdir().unwrap();
         let pem = dir.path().join("cert.pem");
         std::fs::write(&pem, "x").unwrap();
         let pem = pem.to_str().unwrap();
+        let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tls/");
+        let cert = format!("{data}server.pem");
+        let key = format!("{data}server.key");
+        let ca = format!("{data}ca.pem");
         let error = |args: &[&str]| {
             let opts = TestOpts::try_parse_from(std::iter::once("x").chain(args.iter().copied()))
                 .map_err(|e| e.to_string())?;
@@ -454,9 +458,21 @@ mod tests {
         assert!(missing.contains("--tls-cert-path"), "{missing}");
         let unpaired = error(&["--tls-cert-path", pem]).unwrap_err();
         assert!(unpaired.contains("needs --tls-key-path"), "{unpaired}");
-        let refused = error(&["--tls-cert-path", pem, "--tls-key-path", pem]).unwrap_err();
+        let unreadable = error(&["--tls-cert-path", pem, "--tls-key-path", &key]).unwrap_err();
+        assert!(unreadable.contains("--tls-cert-path"), "{unreadable}");
+        assert!(error(&["--tls-cert-path", &cert, "--tls-key-path", &key]).is_ok());
+        let with_ca = [
+            "--tls-cert-path",
+            &cert,
+            "--tls-key-path",
+            &key,
+            "--tls-client-ca-cert-path",
+            &ca,
+        ];
+        assert!(error(&with_ca).is_ok());
+        let refused = error(&["--tcp-tls-cert-path", pem, "--tcp-tls-key-path", pem]).unwrap_err();
         assert!(
-            refused.contains("--tls-cert-path (DYN_TLS_CERT_PATH), --tls-key-path (DYN_TLS_KEY_PATH): TLS is not supported"),
+            refused.contains("--tcp-tls-cert-path (DYN_TCP_TLS_CERT_PATH), --tcp-tls-key-path (DYN_TCP_TLS_KEY_PATH): TLS of the internal gRPC and of NATS is not supported"),
             "{refused}"
         );
         let refused = error(&["--nats-tls-insecure"]).unwrap_err();

@@ -10,9 +10,11 @@ pub mod kv_publish;
 pub mod lifecycle;
 pub mod names;
 pub mod net;
+pub mod reload;
 pub mod shutdown;
 pub mod stream_client;
 pub mod telemetry;
+pub mod tls;
 pub mod worker_client;
 
 pub use error::{Error, ErrorCode, GrpcErrorCode, Result};

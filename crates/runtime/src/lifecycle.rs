@@ -9,6 +9,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt as _;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -18,14 +19,16 @@ use crate::shutdown::Inflight;
 /// How long stopped tasks get to finish before the service gives up on them.
 pub const JOIN_LIMIT: Duration = Duration::from_secs(3);
 
-/// HTTP/2 settings of a gRPC server a service offers to clients outside the mesh (the KServe
-/// edge); unset fields keep the server defaults (1 MiB windows).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// HTTP/2 and TLS settings of a gRPC server a service offers to clients outside the mesh (the
+/// KServe edge); unset fields keep the server defaults (1 MiB windows, plaintext).
+#[derive(Debug, Clone, Default)]
 pub struct GrpcServerSettings {
     /// Initial connection-level flow-control window, in bytes.
     pub initial_connection_window_size: Option<u32>,
     /// Initial per-stream flow-control window, in bytes.
     pub initial_stream_window_size: Option<u32>,
+    /// Serve over TLS with the edge's current certificate.
+    pub tls: Option<Arc<crate::tls::EdgeTls>>,
 }
 
 /// A task's outcome: an early end of any kind stops the service.
@@ -92,7 +95,7 @@ impl ServiceLifecycle {
         self.serve_grpc_with(listener, routes, &GrpcServerSettings::default());
     }
 
-    /// [`serve_grpc`](Self::serve_grpc) with the HTTP/2 settings of `settings`.
+    /// [`serve_grpc`](Self::serve_grpc) with the HTTP/2 and TLS settings of `settings`.
     pub fn serve_grpc_with(
         &mut self,
         listener: tokio::net::TcpListener,
@@ -100,19 +103,24 @@ impl ServiceLifecycle {
         settings: &GrpcServerSettings,
     ) {
         let stop = self.stop.clone();
-        let settings = *settings;
-        self.spawn(async move {
-            tonic::transport::Server::builder()
-                .tcp_nodelay(true)
-                .initial_connection_window_size(settings.initial_connection_window_size)
-                .initial_stream_window_size(settings.initial_stream_window_size)
-                .add_routes(routes)
-                .serve_with_incoming_shutdown(
-                    crate::net::nodelay_incoming(listener),
-                    stop.cancelled_owned(),
-                )
-                .await
-        });
+        let router = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .initial_connection_window_size(settings.initial_connection_window_size)
+            .initial_stream_window_size(settings.initial_stream_window_size)
+            .add_routes(routes);
+        match &settings.tls {
+            None => self.spawn(router.serve_with_incoming_shutdown(
+                crate::net::nodelay_incoming(listener),
+                stop.cancelled_owned(),
+            )),
+            Some(tls) => {
+                let conns =
+                    crate::tls::incoming(listener, tls.clone(), crate::tls::EdgeProtocol::Grpc);
+                let conns =
+                    tokio_stream::wrappers::ReceiverStream::new(conns).map(Ok::<_, std::io::Error>);
+                self.spawn(router.serve_with_incoming_shutdown(conns, stop.cancelled_owned()));
+            }
+        }
     }
 
     /// Waits until `is_ready` holds (checked every 50 ms). `Ok(false)` when shutdown came

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use kvmesh_proto::inference::grpc_inference_service_server::GrpcInferenceServiceServer;
 use kvmesh_runtime::lifecycle::{GrpcServerSettings, ServiceLifecycle};
+use kvmesh_runtime::tls::EdgeTls;
 
 pub use infer::{INFER_ENDPOINT, STREAM_ENDPOINT};
 pub use service::KserveService;
@@ -19,21 +20,24 @@ pub use service::KserveService;
 use crate::http::AppState;
 use crate::opts::KserveOpts;
 
-/// The server settings the KServe options ask for.
-pub fn server_settings(opts: &KserveOpts) -> GrpcServerSettings {
+/// The server settings the KServe options ask for, over TLS when `tls` is set.
+pub fn server_settings(opts: &KserveOpts, tls: Option<&Arc<EdgeTls>>) -> GrpcServerSettings {
     GrpcServerSettings {
         initial_connection_window_size: opts.grpc_initial_connection_window_size,
         initial_stream_window_size: opts.grpc_initial_stream_window_size,
+        tls: tls.cloned(),
     }
 }
 
-/// Serves the KServe service over `state` on `listener` for the life of `lifecycle`. Messages
-/// up to the HTTP body limit are accepted, so a prompt the HTTP edge takes is taken here too.
+/// Serves the KServe service over `state` on `listener` for the life of `lifecycle`, over TLS
+/// when `tls` is set. Messages up to the HTTP body limit are accepted, so a prompt the HTTP edge
+/// takes is taken here too.
 pub fn serve(
     lifecycle: &mut ServiceLifecycle,
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
     opts: &KserveOpts,
+    tls: Option<&Arc<EdgeTls>>,
 ) {
     let message_limit = usize::try_from(state.settings.body_limit_mb.saturating_mul(1024 * 1024))
         .unwrap_or(usize::MAX);
@@ -42,5 +46,5 @@ pub fn serve(
         .max_decoding_message_size(message_limit)
         .max_encoding_message_size(message_limit);
     let routes = tonic::service::Routes::new(server);
-    lifecycle.serve_grpc_with(listener, routes, &server_settings(opts));
+    lifecycle.serve_grpc_with(listener, routes, &server_settings(opts, tls));
 }

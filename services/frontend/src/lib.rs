@@ -8,6 +8,7 @@
 pub mod chat_output;
 pub mod choices;
 pub mod completion;
+mod edge;
 pub mod error;
 pub mod generate;
 pub mod hints;
@@ -23,13 +24,11 @@ pub mod preprocess;
 pub mod processor;
 pub mod trace_context;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::serve::ListenerExt;
 use kvmesh_runtime::connect::{self, Embedded};
 use kvmesh_runtime::discovery::registry::{Registry, instance_record};
 use kvmesh_runtime::lifecycle::{Drain, ServiceLifecycle};
@@ -122,6 +121,7 @@ pub async fn run(
     ));
 
     let http = &args.http;
+    let security = edge::EdgeSecurity::load(&opts.runtime, &mut lifecycle)?;
     let (processor, extensions) = processor::connect_hosts(
         args,
         &opts.runtime,
@@ -181,14 +181,14 @@ pub async fn run(
     }
     let kserve = &args.kserve;
     // Every listener is bound before the frontend registers, so a port in use stops it unseen.
-    let (listener, local) = bind(&http.http_host, http.http_port, "--http-port").await?;
+    let (listener, local) = edge::bind(&http.http_host, http.http_port, "--http-port").await?;
     let (side_port, side_flag) = if kserve.grpc_server() {
         (Some(kserve.grpc_metrics_port), "--grpc-metrics-port")
     } else {
         (kserve.kserve_grpc_port, "--kserve-grpc-port")
     };
     let side = match side_port {
-        Some(port) => Some(bind(&http.http_host, port, side_flag).await?),
+        Some(port) => Some(edge::bind(&http.http_host, port, side_flag).await?),
         None => None,
     };
     let namespace = args
@@ -204,20 +204,22 @@ pub async fn run(
         .register_instance(&record)
         .await?;
     lifecycle.registered(discovery);
+    let tls = security.tls.as_ref();
+    let is_tls = tls.is_some();
     if kserve.grpc_server() {
         // KServe gRPC takes the HTTP port; the side server keeps health and metrics.
-        kserve::serve(&mut lifecycle, listener, state.clone(), kserve);
-        tracing::info!(address = %local, "frontend KServe gRPC listening");
+        kserve::serve(&mut lifecycle, listener, state.clone(), kserve, tls);
+        tracing::info!(address = %local, is_tls, "frontend KServe gRPC listening");
         if let Some((side, side_local)) = side {
-            serve_http(&mut lifecycle, side, http::side_app(state.clone()));
-            tracing::info!(address = %side_local, "frontend metrics listening");
+            edge::serve_http(&mut lifecycle, side, http::side_app(state.clone()), tls);
+            tracing::info!(address = %side_local, is_tls, "frontend metrics listening");
         }
     } else {
-        serve_http(&mut lifecycle, listener, http::app(state.clone()));
-        tracing::info!(address = %local, "frontend listening");
+        edge::serve_http(&mut lifecycle, listener, http::app(state.clone()), tls);
+        tracing::info!(address = %local, is_tls, "frontend listening");
         if let Some((grpc, grpc_local)) = side {
-            kserve::serve(&mut lifecycle, grpc, state.clone(), kserve);
-            tracing::info!(address = %grpc_local, "frontend KServe gRPC listening");
+            kserve::serve(&mut lifecycle, grpc, state.clone(), kserve, tls);
+            tracing::info!(address = %grpc_local, is_tls, "frontend KServe gRPC listening");
         }
     }
     let drain = Drain {
@@ -230,50 +232,6 @@ pub async fn run(
         })
         .await;
     Ok(stopped?)
-}
-
-/// Binds `host:port` (`flag` names the port in the error).
-async fn bind(
-    host: &str,
-    port: u16,
-    flag: &str,
-) -> anyhow::Result<(tokio::net::TcpListener, SocketAddr)> {
-    // A name (`localhost`) resolves; its first IPv4 address is bound (the one clients that
-    // resolve the name try on every host), else its first address.
-    let addresses: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
-        .await
-        .map(Iterator::collect)
-        .unwrap_or_default();
-    let address = addresses
-        .iter()
-        .find(|address| address.is_ipv4())
-        .or(addresses.first())
-        .copied()
-        .with_context(|| format!("--http-host {host} / {flag} {port}: not an address"))?;
-    let listener = tokio::net::TcpListener::bind(address)
-        .await
-        .with_context(|| format!("bind {flag} on {address}"))?;
-    let local = listener.local_addr()?;
-    Ok((listener, local))
-}
-
-/// Serves `app` on `listener` (TCP_NODELAY on every connection) until the lifecycle stops.
-fn serve_http(
-    lifecycle: &mut ServiceLifecycle,
-    listener: tokio::net::TcpListener,
-    app: axum::Router,
-) {
-    let listener = listener.tap_io(|stream| {
-        if let Err(error) = stream.set_nodelay(true) {
-            tracing::debug!(%error, "cannot set TCP_NODELAY");
-        }
-    });
-    let stop = lifecycle.stop_token();
-    lifecycle.spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(stop.cancelled_owned())
-            .await
-    });
 }
 
 /// The process's preprocessing from the tokenizer flags.

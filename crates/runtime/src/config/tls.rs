@@ -1,8 +1,11 @@
 //! TLS options of Dynamo's command line: the HTTP edge's certificate and client CA, the internal
 //! gRPC (TCP request plane) certificates, and the NATS client's. Every path must name a file and
-//! the certificate/key options come in pairs; serving TLS arrives with the security work, so until
-//! then a process given any of them refuses to start rather than serve plaintext to a client that
-//! asked for TLS ([`TlsOpts::check`]).
+//! the certificate/key options come in pairs ([`TlsOpts::check`]).
+//!
+//! The edge's (`--tls-*`) are served: the frontend's HTTP and KServe gRPC servers speak TLS with
+//! them ([`crate::tls`]); processes without an edge do not read them. The internal gRPC and NATS
+//! ones are not implemented yet, so a process given any of them refuses to start rather than
+//! dial or serve plaintext where TLS was asked for.
 
 use std::path::PathBuf;
 
@@ -12,13 +15,15 @@ use kvmesh_core::flags::parse_bool;
 /// The TLS flags (see the module docs).
 #[derive(Debug, Clone, Default, Args)]
 pub struct TlsOpts {
-    /// PEM certificate of the HTTP edge (HTTPS) and of its gRPC servers.
+    /// PEM certificate chain of the frontend's HTTP and KServe gRPC edge (HTTPS), re-read when
+    /// the file changes.
     #[arg(long, env = "DYN_TLS_CERT_PATH", value_parser = existing_file)]
     pub tls_cert_path: Option<PathBuf>,
     /// PEM private key of `--tls-cert-path`.
     #[arg(long, env = "DYN_TLS_KEY_PATH", value_parser = existing_file)]
     pub tls_key_path: Option<PathBuf>,
-    /// PEM CA that client certificates of the edge must chain to (mutual TLS).
+    /// PEM CA that client certificates of the edge must chain to (mutual TLS: a client without
+    /// one is refused).
     #[arg(long, env = "DYN_TLS_CLIENT_CA_CERT_PATH", value_parser = existing_file)]
     pub tls_client_ca_cert_path: Option<PathBuf>,
     /// PEM certificate of this process's internal gRPC server.
@@ -57,8 +62,18 @@ pub struct TlsOpts {
 }
 
 impl TlsOpts {
-    /// Checks the pairs, then refuses any TLS option: this release serves and dials plaintext
-    /// only, and a deployment that asked for TLS must not silently get plaintext.
+    /// The edge's certificate files, when `--tls-cert-path` and `--tls-key-path` are given.
+    pub fn edge_files(&self) -> Option<crate::tls::EdgeTlsFiles> {
+        Some(crate::tls::EdgeTlsFiles {
+            cert: self.tls_cert_path.clone()?,
+            key: self.tls_key_path.clone()?,
+            client_ca: self.tls_client_ca_cert_path.clone(),
+        })
+    }
+
+    /// Checks the pairs and that the edge's files make a valid TLS configuration, then refuses
+    /// the internal gRPC and NATS options, which this release does not implement: a deployment
+    /// that asked for TLS there must not silently get plaintext.
     pub fn check(&self) -> Result<(), String> {
         let pairs = [
             (
@@ -98,31 +113,22 @@ impl TlsOpts {
                 "--tls-client-ca-cert-path (DYN_TLS_CLIENT_CA_CERT_PATH): needs --tls-cert-path and --tls-key-path".into(),
             );
         }
-        let set = self.set_flags();
+        let set = self.unsupported_flags();
         if !set.is_empty() {
             return Err(format!(
-                "{}: TLS is not supported in this release; kvmesh serves and dials plaintext only, so it refuses to start rather than ignore a TLS setting",
+                "{}: TLS of the internal gRPC and of NATS is not supported in this release; kvmesh dials and serves them in plaintext only, so it refuses to start rather than ignore a TLS setting",
                 set.join(", ")
             ));
         }
-        Ok(())
+        match self.edge_files() {
+            Some(files) => crate::tls::EdgeTls::check(&files),
+            None => Ok(()),
+        }
     }
 
-    /// The TLS flags that are set, in declaration order.
-    fn set_flags(&self) -> Vec<&'static str> {
+    /// The internal gRPC and NATS TLS flags that are set, in declaration order.
+    fn unsupported_flags(&self) -> Vec<&'static str> {
         [
-            (
-                "--tls-cert-path (DYN_TLS_CERT_PATH)",
-                self.tls_cert_path.is_some(),
-            ),
-            (
-                "--tls-key-path (DYN_TLS_KEY_PATH)",
-                self.tls_key_path.is_some(),
-            ),
-            (
-                "--tls-client-ca-cert-path (DYN_TLS_CLIENT_CA_CERT_PATH)",
-                self.tls_client_ca_cert_path.is_some(),
-            ),
             (
                 "--tcp-tls-cert-path (DYN_TCP_TLS_CERT_PATH)",
                 self.tcp_tls_cert_path.is_some(),

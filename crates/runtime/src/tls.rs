@@ -1,0 +1,203 @@
+//! TLS of the servers a process offers to clients outside the mesh (the frontend's HTTP edge and
+//! its KServe gRPC edge), with rustls and the ring provider.
+//!
+//! [`EdgeTls`] holds one server configuration per protocol, built from the PEM files of
+//! `--tls-cert-path`, `--tls-key-path` and, when given, `--tls-client-ca-cert-path` (then every
+//! client must present a certificate chaining to that CA). [`EdgeTls::apply`] replaces them when
+//! the files change ([`crate::reload::watch_files`]); new contents that do not make a valid
+//! configuration leave the old one serving. [`accept`] turns a TCP listener into a stream of
+//! finished handshakes.
+
+pub mod accept;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use rustls::RootCertStore;
+use rustls::ServerConfig;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+
+use crate::reload::WatchedFiles;
+
+pub use self::accept::{TlsConn, incoming};
+
+const CERT_FLAG: &str = "--tls-cert-path (DYN_TLS_CERT_PATH)";
+const KEY_FLAG: &str = "--tls-key-path (DYN_TLS_KEY_PATH)";
+const CLIENT_CA_FLAG: &str = "--tls-client-ca-cert-path (DYN_TLS_CLIENT_CA_CERT_PATH)";
+
+/// The PEM files of the edge's TLS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EdgeTlsFiles {
+    /// Certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// Private key of the leaf (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// CA client certificates must chain to; `None`: clients are not asked for one.
+    pub client_ca: Option<PathBuf>,
+}
+
+impl EdgeTlsFiles {
+    /// The files in a fixed order: certificate, key, then the client CA if any.
+    fn watched(&self) -> WatchedFiles {
+        let mut paths = vec![self.cert.clone(), self.key.clone()];
+        paths.extend(self.client_ca.clone());
+        WatchedFiles::new(paths)
+    }
+}
+
+/// What a TLS server speaks after the handshake, which fixes the ALPN protocols it offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EdgeProtocol {
+    /// HTTP/2 or HTTP/1.1 (the OpenAI edge, the side HTTP server).
+    Http,
+    /// gRPC: HTTP/2 only (gRPC clients refuse a server that does not select `h2`).
+    Grpc,
+}
+
+impl EdgeProtocol {
+    fn alpn(self) -> Vec<Vec<u8>> {
+        match self {
+            Self::Http => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+            Self::Grpc => vec![b"h2".to_vec()],
+        }
+    }
+}
+
+struct Configs {
+    http: Arc<ServerConfig>,
+    grpc: Arc<ServerConfig>,
+}
+
+/// The edge's current TLS configurations (see the module docs).
+pub struct EdgeTls {
+    files: EdgeTlsFiles,
+    configs: ArcSwap<Configs>,
+}
+
+impl std::fmt::Debug for EdgeTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EdgeTls")
+            .field("files", &self.files)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EdgeTls {
+    /// Reads and checks the files; the error names the flag whose file is wrong. The returned
+    /// [`WatchedFiles`] remember what was read, for [`crate::reload::watch_files`].
+    pub fn open(files: EdgeTlsFiles) -> Result<(Arc<Self>, WatchedFiles), String> {
+        let mut watched = files.watched();
+        let contents = watched.read_if_changed()?.unwrap_or_default();
+        let configs = build(&files, &contents)?;
+        let tls = Arc::new(Self {
+            files,
+            configs: ArcSwap::from_pointee(configs),
+        });
+        Ok((tls, watched))
+    }
+
+    /// Checks that the files make a valid configuration, without keeping it.
+    pub fn check(files: &EdgeTlsFiles) -> Result<(), String> {
+        Self::open(files.clone()).map(|_| ())
+    }
+
+    /// Replaces the configurations with ones built from `contents` (the files' new contents, in
+    /// [`EdgeTlsFiles`] order); on an error the current ones stay.
+    pub fn apply(&self, contents: &[Vec<u8>]) -> Result<(), String> {
+        let configs = build(&self.files, contents)?;
+        self.configs.store(Arc::new(configs));
+        Ok(())
+    }
+
+    /// The configuration new connections of `protocol` get.
+    pub fn config(&self, protocol: EdgeProtocol) -> Arc<ServerConfig> {
+        let configs = self.configs.load();
+        match protocol {
+            EdgeProtocol::Http => configs.http.clone(),
+            EdgeProtocol::Grpc => configs.grpc.clone(),
+        }
+    }
+}
+
+/// The configurations for both protocols from the files' contents.
+fn build(files: &EdgeTlsFiles, contents: &[Vec<u8>]) -> Result<Configs, String> {
+    let [cert, key, rest @ ..] = contents else {
+        return Err(format!("{CERT_FLAG}: the files were not read"));
+    };
+    let chain = CertificateDer::pem_slice_iter(cert)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{CERT_FLAG} {}: {e}", files.cert.display()))?;
+    if chain.is_empty() {
+        return Err(format!(
+            "{CERT_FLAG} {}: no PEM certificate",
+            files.cert.display()
+        ));
+    }
+    let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| {
+        format!(
+            "{KEY_FLAG} {}: no PEM private key ({e})",
+            files.key.display()
+        )
+    })?;
+    let client_roots = match (rest.first(), &files.client_ca) {
+        (Some(ca), Some(path)) => Some(client_roots(ca, path)?),
+        _ => None,
+    };
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let one = |protocol: EdgeProtocol| -> Result<Arc<ServerConfig>, String> {
+        let config = server_config(&provider, chain.clone(), key.clone_key(), &client_roots)
+            .map_err(|e| format!("{CERT_FLAG}, {KEY_FLAG}: {e}"))?;
+        let mut config = config;
+        config.alpn_protocols = protocol.alpn();
+        Ok(Arc::new(config))
+    };
+    Ok(Configs {
+        http: one(EdgeProtocol::Http)?,
+        grpc: one(EdgeProtocol::Grpc)?,
+    })
+}
+
+fn client_roots(pem: &[u8], path: &std::path::Path) -> Result<Arc<RootCertStore>, String> {
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(pem) {
+        let cert = cert.map_err(|e| format!("{CLIENT_CA_FLAG} {}: {e}", path.display()))?;
+        roots
+            .add(cert)
+            .map_err(|e| format!("{CLIENT_CA_FLAG} {}: {e}", path.display()))?;
+    }
+    if roots.is_empty() {
+        return Err(format!(
+            "{CLIENT_CA_FLAG} {}: no PEM certificate",
+            path.display()
+        ));
+    }
+    Ok(Arc::new(roots))
+}
+
+fn server_config(
+    provider: &Arc<CryptoProvider>,
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    client_roots: &Option<Arc<RootCertStore>>,
+) -> Result<ServerConfig, rustls::Error> {
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?;
+    let builder = match client_roots {
+        Some(roots) => {
+            let verifier =
+                WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
+                    .build()
+                    .map_err(|e| rustls::Error::General(e.to_string()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    builder.with_single_cert(chain, key)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,132 @@
+//! The frontend's listeners: binding them, serving HTTP on them in plaintext or over TLS, and
+//! the edge's TLS files, loaded at start and re-read while serving.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use axum::serve::ListenerExt;
+use kvmesh_runtime::lifecycle::ServiceLifecycle;
+use kvmesh_runtime::reload::watch_files;
+use kvmesh_runtime::tls::{EdgeProtocol, EdgeTls, TlsConn};
+
+/// Binds `host:port` (`flag` names the port in the error).
+pub(crate) async fn bind(
+    host: &str,
+    port: u16,
+    flag: &str,
+) -> anyhow::Result<(tokio::net::TcpListener, SocketAddr)> {
+    // A name (`localhost`) resolves; its first IPv4 address is bound (the one clients that
+    // resolve the name try on every host), else its first address.
+    let addresses: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
+        .await
+        .map(Iterator::collect)
+        .unwrap_or_default();
+    let address = addresses
+        .iter()
+        .find(|address| address.is_ipv4())
+        .or(addresses.first())
+        .copied()
+        .with_context(|| format!("--http-host {host} / {flag} {port}: not an address"))?;
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .with_context(|| format!("bind {flag} on {address}"))?;
+    let local = listener.local_addr()?;
+    Ok((listener, local))
+}
+
+/// Serves `app` on `listener` until the lifecycle stops: over TLS when `tls` is set (HTTP/2 or
+/// HTTP/1.1 as ALPN chose), else in plaintext; TCP_NODELAY on every connection either way.
+pub(crate) fn serve_http(
+    lifecycle: &mut ServiceLifecycle,
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    tls: Option<&Arc<EdgeTls>>,
+) {
+    let stop = lifecycle.stop_token();
+    match tls {
+        None => {
+            let listener = listener.tap_io(|stream| {
+                if let Err(error) = stream.set_nodelay(true) {
+                    tracing::debug!(%error, "cannot set TCP_NODELAY");
+                }
+            });
+            lifecycle.spawn(async move {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(stop.cancelled_owned())
+                    .await
+            });
+        }
+        Some(tls) => {
+            let local = listener.local_addr();
+            let conns = kvmesh_runtime::tls::incoming(listener, tls.clone(), EdgeProtocol::Http);
+            let listener = TlsListener { conns, local };
+            lifecycle.spawn(async move {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(stop.cancelled_owned())
+                    .await
+            });
+        }
+    }
+}
+
+/// The handshaken connections of a TLS listener, as axum takes them.
+struct TlsListener {
+    conns: tokio::sync::mpsc::Receiver<TlsConn>,
+    local: std::io::Result<SocketAddr>,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsConn;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.conns.recv().await {
+            Some(conn) => {
+                let remote = conn.remote_addr();
+                (conn, remote)
+            }
+            // The accept loop ends only when this receiver is dropped; until shutdown drops
+            // it, there is nothing more to accept.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        match &self.local {
+            Ok(address) => Ok(*address),
+            Err(error) => Err(std::io::Error::new(error.kind(), error.to_string())),
+        }
+    }
+}
+
+/// What the edge serves with: its TLS configuration, watched for changes for the life of
+/// `lifecycle`.
+pub(crate) struct EdgeSecurity {
+    /// The edge's TLS, when `--tls-cert-path` is given.
+    pub tls: Option<Arc<EdgeTls>>,
+}
+
+impl EdgeSecurity {
+    /// Loads the files the options name (an error names the flag) and watches them.
+    pub(crate) fn load(
+        runtime: &kvmesh_runtime::config::RuntimeOpts,
+        lifecycle: &mut ServiceLifecycle,
+    ) -> anyhow::Result<Self> {
+        let tls = match runtime.tls.edge_files() {
+            Some(files) => {
+                let (tls, watched) = EdgeTls::open(files).map_err(anyhow::Error::msg)?;
+                let reloaded = tls.clone();
+                lifecycle.spawn(watch_files(
+                    "edge tls certificate",
+                    watched,
+                    lifecycle.stop_token(),
+                    move |contents| reloaded.apply(contents),
+                ));
+                Some(tls)
+            }
+            None => None,
+        };
+        Ok(Self { tls })
+    }
+}
