@@ -1,5 +1,5 @@
 //! The frontend's listeners: binding them, serving HTTP on them in plaintext or over TLS, and
-//! the edge's TLS files, loaded at start and re-read while serving.
+//! the edge's TLS and key files, loaded at start and re-read while serving.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -9,6 +9,9 @@ use axum::serve::ListenerExt;
 use kvmesh_runtime::lifecycle::ServiceLifecycle;
 use kvmesh_runtime::reload::watch_files;
 use kvmesh_runtime::tls::{EdgeProtocol, EdgeTls, TlsConn};
+
+use crate::auth::{KeyKind, Keys};
+use crate::opts::HttpOpts;
 
 /// Binds `host:port` (`flag` names the port in the error).
 pub(crate) async fn bind(
@@ -100,17 +103,22 @@ impl axum::serve::Listener for TlsListener {
     }
 }
 
-/// What the edge serves with: its TLS configuration, watched for changes for the life of
-/// `lifecycle`.
+/// What the edge serves with: its TLS configuration and its key sets, each watched for changes
+/// for the life of `lifecycle`.
 pub(crate) struct EdgeSecurity {
     /// The edge's TLS, when `--tls-cert-path` is given.
     pub tls: Option<Arc<EdgeTls>>,
+    /// `--http-api-keys-file`.
+    pub api_keys: Option<Arc<Keys>>,
+    /// `--http-admin-keys-file`.
+    pub admin_keys: Option<Arc<Keys>>,
 }
 
 impl EdgeSecurity {
     /// Loads the files the options name (an error names the flag) and watches them.
     pub(crate) fn load(
         runtime: &kvmesh_runtime::config::RuntimeOpts,
+        http: &HttpOpts,
         lifecycle: &mut ServiceLifecycle,
     ) -> anyhow::Result<Self> {
         let tls = match runtime.tls.edge_files() {
@@ -127,6 +135,46 @@ impl EdgeSecurity {
             }
             None => None,
         };
-        Ok(Self { tls })
+        let api_keys = keys(
+            lifecycle,
+            KeyKind::Api,
+            "--http-api-keys-file (DYN_HTTP_API_KEYS_FILE)",
+            http.http_api_keys_file.as_ref(),
+        )?;
+        let admin_keys = keys(
+            lifecycle,
+            KeyKind::Admin,
+            "--http-admin-keys-file (DYN_HTTP_ADMIN_KEYS_FILE)",
+            http.http_admin_keys_file.as_ref(),
+        )?;
+        Ok(Self {
+            tls,
+            api_keys,
+            admin_keys,
+        })
     }
+}
+
+fn keys(
+    lifecycle: &mut ServiceLifecycle,
+    kind: KeyKind,
+    flag: &str,
+    path: Option<&std::path::PathBuf>,
+) -> anyhow::Result<Option<Arc<Keys>>> {
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    let (keys, watched) = Keys::open(kind, flag, path.clone()).map_err(anyhow::Error::msg)?;
+    let reloaded = keys.clone();
+    let what = match kind {
+        KeyKind::Api => "api keys",
+        KeyKind::Admin => "admin keys",
+    };
+    lifecycle.spawn(watch_files(
+        what,
+        watched,
+        lifecycle.stop_token(),
+        move |contents| reloaded.apply(contents),
+    ));
+    Ok(Some(keys))
 }

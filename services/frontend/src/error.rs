@@ -35,6 +35,13 @@ pub enum FrontendError {
         /// The limit in MiB.
         limit_mb: u64,
     },
+    /// The request carries no key, or one the frontend does not know (`--http-api-keys-file`,
+    /// `--http-admin-keys-file`).
+    #[error("{0}")]
+    Unauthenticated(crate::auth::AuthFailure),
+    /// The body's content type is not one the route takes.
+    #[error("{0}")]
+    UnsupportedMediaType(String),
     /// The model is known but has no ready worker.
     #[error("model '{0}' has no ready workers")]
     NoWorkers(String),
@@ -114,6 +121,8 @@ impl FrontendError {
             Self::ModelNotFound(_) | Self::RouteNotFound(_) => ErrorCode::NotFound,
             Self::MethodNotAllowed { .. } => ErrorCode::MethodNotAllowed,
             Self::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
+            Self::Unauthenticated(_) => ErrorCode::Unauthenticated,
+            Self::UnsupportedMediaType(_) => ErrorCode::UnsupportedMediaType,
             Self::NoWorkers(_) | Self::Draining => ErrorCode::Unavailable,
             Self::Timeout(_) => ErrorCode::Timeout,
             Self::NotImplemented(_) => ErrorCode::NotImplemented,
@@ -145,6 +154,7 @@ impl FrontendError {
         match self {
             Self::ModelNotFound(_) => Some("model_not_found"),
             Self::PayloadTooLarge { .. } => Some("request_too_large"),
+            Self::Unauthenticated(failure) => failure.openai_code(),
             _ => None,
         }
     }
@@ -238,6 +248,11 @@ impl FrontendError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        if matches!(self, Self::Unauthenticated(_)) {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         response
     }
 }

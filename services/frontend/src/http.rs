@@ -83,6 +83,10 @@ pub struct AppState {
     pub processor: Option<crate::processor::ProcessorHosts>,
     /// The route extensions (`--frontend-route-extension`), when some are configured.
     pub extensions: Option<crate::processor::RouteExtensions>,
+    /// The keys inference needs (`--http-api-keys-file`); `None`: inference is open.
+    pub api_keys: Option<Arc<crate::auth::Keys>>,
+    /// The keys `/busy_threshold` needs (`--http-admin-keys-file`); `None`: it is open.
+    pub admin_keys: Option<Arc<crate::auth::Keys>>,
 }
 
 impl AppState {
@@ -107,7 +111,7 @@ pub fn app(state: Arc<AppState>) -> AxumRouter {
     let body_limit = usize::try_from(state.settings.body_limit_mb.saturating_mul(1024 * 1024))
         .unwrap_or(usize::MAX);
     let paths = route_paths(&state.settings);
-    let routes = AxumRouter::new()
+    let inference = AxumRouter::new()
         .route(&paths.chat, post(endpoint::serve::<chat::ChatCompletions>))
         .route(
             &paths.completions,
@@ -120,8 +124,15 @@ pub fn app(state: Arc<AppState>) -> AxumRouter {
         .route(
             &paths.responses,
             post(endpoint::serve::<responses::Responses>),
-        )
-        .merge(anthropic_routes(paths.messages.as_deref()))
+        );
+    let inference = guarded(
+        inference,
+        &state,
+        state.api_keys.is_some(),
+        crate::auth::require_api_key,
+    );
+    let routes = inference
+        .merge(anthropic_routes(paths.messages.as_deref(), &state))
         .merge(admin_routes(&state))
         .merge(extension_routes(&state))
         .layer(DefaultBodyLimit::max(body_limit));
@@ -201,16 +212,48 @@ fn with_fallbacks(routes: AxumRouter<Arc<AppState>>, state: Arc<AppState>) -> Ax
 }
 
 /// `/v1/messages` and its `count_tokens`, with `--enable-anthropic-api`.
-fn anthropic_routes(messages: Option<&str>) -> AxumRouter<Arc<AppState>> {
+fn anthropic_routes(messages: Option<&str>, state: &Arc<AppState>) -> AxumRouter<Arc<AppState>> {
     let Some(messages) = messages else {
         return AxumRouter::new();
     };
-    AxumRouter::new()
+    let routes = AxumRouter::new()
         .route(messages, post(endpoint::serve::<anthropic::Messages>))
         .route(
             &format!("{}/count_tokens", messages.trim_end_matches('/')),
             post(anthropic::count_tokens),
-        )
+        );
+    guarded(
+        routes,
+        state,
+        state.api_keys.is_some(),
+        crate::auth::require_anthropic_key,
+    )
+}
+
+/// A key check in front of `routes` (matched routes only, so a 404 stays a 404), when `is_on`.
+fn guarded<F, Fut>(
+    routes: AxumRouter<Arc<AppState>>,
+    state: &Arc<AppState>,
+    is_on: bool,
+    check: F,
+) -> AxumRouter<Arc<AppState>>
+where
+    F: Fn(
+            axum::extract::State<Arc<AppState>>,
+            axum::extract::Request,
+            axum::middleware::Next,
+        ) -> Fut
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    Fut: std::future::Future<Output = Response> + Send + 'static,
+{
+    if is_on {
+        routes.route_layer(axum::middleware::from_fn_with_state(state.clone(), check))
+    } else {
+        routes
+    }
 }
 
 /// The route extensions' paths (checked against [`reserved_paths`] when they were loaded).
@@ -226,14 +269,20 @@ fn extension_routes(state: &AppState) -> AxumRouter<Arc<AppState>> {
         })
 }
 
-/// `GET`/`POST /busy_threshold`, unless the admin API is disabled.
-fn admin_routes(state: &AppState) -> AxumRouter<Arc<AppState>> {
+/// `GET`/`POST /busy_threshold`, unless the admin API is disabled; with admin keys, behind them.
+fn admin_routes(state: &Arc<AppState>) -> AxumRouter<Arc<AppState>> {
     if state.settings.disable_admin_api {
         return AxumRouter::new();
     }
-    AxumRouter::new().route(
+    let routes = AxumRouter::new().route(
         "/busy_threshold",
         get(admin::get_busy_thresholds).post(admin::set_busy_threshold),
+    );
+    guarded(
+        routes,
+        state,
+        state.admin_keys.is_some(),
+        crate::auth::require_admin_key,
     )
 }
 

@@ -5,6 +5,7 @@
 //! lives in [`http`] (parsing, validation, errors), [`pipeline`] (chat template, tokenizer,
 //! detokenizer, stop strings) and [`generate`] (routing and the worker stream).
 
+pub mod auth;
 pub mod chat_output;
 pub mod choices;
 pub mod completion;
@@ -121,7 +122,7 @@ pub async fn run(
     ));
 
     let http = &args.http;
-    let security = edge::EdgeSecurity::load(&opts.runtime, &mut lifecycle)?;
+    let security = edge::EdgeSecurity::load(&opts.runtime, http, &mut lifecycle)?;
     let (processor, extensions) = processor::connect_hosts(
         args,
         &opts.runtime,
@@ -161,6 +162,8 @@ pub async fn run(
         draining: AtomicBool::new(false),
         processor,
         extensions,
+        api_keys: security.api_keys.clone(),
+        admin_keys: security.admin_keys.clone(),
         admission: http.inflight_limit().map(|limit| {
             Arc::new(tokio::sync::Semaphore::new(
                 usize::try_from(limit)

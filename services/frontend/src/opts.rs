@@ -185,6 +185,17 @@ pub struct HttpOpts {
     /// worker stream, so it caps requests in flight too.
     #[arg(long, env = "DYN_REJECTION_FRONTEND_REQUEST_PLANE_CONNECTION_LIMIT", value_parser = clap::value_parser!(u64).range(1..))]
     pub rejection_frontend_request_plane_connection_limit: Option<u64>,
+
+    /// File of API keys, one a line (blank lines and `#` comments skipped): the inference routes
+    /// and KServe inference then need `Authorization: Bearer <key>` (kvmesh addition; the file is
+    /// re-read when it changes).
+    #[arg(long, env = "DYN_HTTP_API_KEYS_FILE", value_parser = existing_file)]
+    pub http_api_keys_file: Option<PathBuf>,
+
+    /// File of admin keys, in the same format: `/busy_threshold` then needs one (kvmesh
+    /// addition).
+    #[arg(long, env = "DYN_HTTP_ADMIN_KEYS_FILE", value_parser = existing_file)]
+    pub http_admin_keys_file: Option<PathBuf>,
 }
 
 impl HttpOpts {
@@ -296,6 +307,15 @@ fn existing_dir(value: &str) -> Result<PathBuf, String> {
     }
 }
 
+fn existing_file(value: &str) -> Result<PathBuf, String> {
+    let path = PathBuf::from(value);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!("file {value:?} does not exist"))
+    }
+}
+
 fn metric_prefix(value: &str) -> Result<String, String> {
     let valid = !value.is_empty()
         && value
@@ -319,9 +339,25 @@ fn overload_status(value: &str) -> Result<u16, String> {
 }
 
 impl FrontendArgs {
-    /// Checks the options that clap cannot (the router's cross-field rules); the message names
-    /// the flag.
+    /// Checks the options that clap cannot (the key files' contents, the router's cross-field
+    /// rules); the message names the flag.
     pub fn validate(&self) -> Result<(), String> {
+        for (flag, path) in [
+            (
+                "--http-api-keys-file (DYN_HTTP_API_KEYS_FILE)",
+                &self.http.http_api_keys_file,
+            ),
+            (
+                "--http-admin-keys-file (DYN_HTTP_ADMIN_KEYS_FILE)",
+                &self.http.http_admin_keys_file,
+            ),
+        ] {
+            if let Some(path) = path {
+                let text = std::fs::read(path).map_err(|e| format!("{flag}: {e}"))?;
+                crate::auth::KeySet::parse(&text)
+                    .map_err(|e| format!("{flag} {}: {e}", path.display()))?;
+            }
+        }
         if self.kserve.grpc_server() && self.kserve.kserve_grpc_port.is_some() {
             return Err("--kserve-grpc-port: with --kserve-grpc-server, KServe gRPC is served on --http-port; give one of the two".into());
         }
@@ -436,6 +472,26 @@ mod tests {
             warned(&[custom[0], custom[1], "--dyn-chat-processor-config", options]),
             0
         );
+    }
+
+    #[test]
+    fn key_files_are_checked_naming_the_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = dir.path().join("keys");
+        std::fs::write(&keys, "# none yet\n").unwrap();
+        let keys = keys.to_str().unwrap();
+        for flag in ["--http-api-keys-file", "--http-admin-keys-file"] {
+            let opts = FrontendOpts::try_parse_from(["f", flag, keys]).unwrap();
+            let error = opts.frontend.validate().unwrap_err();
+            assert!(error.contains(flag) && error.contains("no key"), "{error}");
+        }
+        std::fs::write(dir.path().join("keys"), "sk-1\n").unwrap();
+        let opts = FrontendOpts::try_parse_from(["f", "--http-api-keys-file", keys]).unwrap();
+        assert!(opts.frontend.validate().is_ok());
+        let error = FrontendOpts::try_parse_from(["f", "--http-api-keys-file", "/no/such"])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("--http-api-keys-file"), "{error}");
     }
 
     #[test]

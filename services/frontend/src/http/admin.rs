@@ -8,6 +8,7 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
+use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use kvmesh_routing::BusyThresholds;
 use serde_json::{Map, Value, json};
@@ -30,11 +31,18 @@ pub async fn get_busy_thresholds(State(state): State<Arc<AppState>>) -> Response
 }
 
 /// `POST /busy_threshold`: `{"model", …any of the three}`; a number turns that check on, `null`
-/// turns it off, an absent field keeps its value. 404 for a model not discovered.
+/// turns it off, an absent field keeps its value. 404 for a model not discovered; 415 for a body
+/// not sent as `application/json`, which a cross-site HTML form cannot send.
 pub async fn set_busy_threshold(
     State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    if !is_json(&headers) {
+        return state.error_response(FrontendError::UnsupportedMediaType(
+            "POST /busy_threshold takes a body with content-type application/json".into(),
+        ));
+    }
     match set(&state, body).await {
         Ok(value) => Json(value).into_response(),
         Err(error) => state.error_response(error),
@@ -74,6 +82,16 @@ async fn set(
     entry.routing.decider().set_busy_thresholds(value).await;
     tracing::info!(model = %entry.name, thresholds = ?value, "busy thresholds changed");
     Ok(entry_json(&entry.name, &value))
+}
+
+/// Whether the request's `content-type` is `application/json` (parameters such as `charset`
+/// allowed).
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"))
 }
 
 fn entry_json(model: &str, value: &BusyThresholds) -> Value {

@@ -46,10 +46,14 @@ pub struct RoutePaths {
 }
 
 /// Statuses every inference route may answer with an error body.
-const ERROR_STATUSES: [(&str, &str); 8] = [
+const ERROR_STATUSES: [(&str, &str); 9] = [
     (
         "400",
         "Invalid request (bad JSON, a field out of range, the prompt too long)",
+    ),
+    (
+        "401",
+        "No API key or a wrong one (only with --http-api-keys-file)",
     ),
     ("404", "Unknown model"),
     ("413", "Body over DYN_HTTP_BODY_LIMIT_MB"),
@@ -312,6 +316,9 @@ fn metrics_item() -> PathItem {
     )
 }
 
+/// `/busy_threshold`'s 401.
+const ADMIN_KEY_STATUS: &str = "No admin key or a wrong one (only with --http-admin-keys-file)";
+
 fn busy_threshold_item() -> PathItem {
     let thresholds = ObjectBuilder::new()
         .property("model", ObjectBuilder::new().schema_type(Type::String))
@@ -328,8 +335,22 @@ fn busy_threshold_item() -> PathItem {
             ObjectBuilder::new().schema_type(Type::Number),
         )
         .required("model");
+    let error = |description: &str| {
+        ResponseBuilder::new()
+            .description(description)
+            .content(
+                "application/json",
+                Content::new(Some(json_schema("ErrorResponse"))),
+            )
+            .build()
+    };
     let errors = |operation: OperationBuilder| {
         operation
+            .response("401", error(ADMIN_KEY_STATUS))
+            .response(
+                "415",
+                error("The body is not sent as content-type application/json"),
+            )
             .response(
                 "400",
                 ResponseBuilder::new()
@@ -359,6 +380,7 @@ fn busy_threshold_item() -> PathItem {
                 "Each model's busy thresholds",
                 any_object(),
             )
+            .merge_status("401", ADMIN_KEY_STATUS)
             .get
             .unwrap_or_default(),
         )

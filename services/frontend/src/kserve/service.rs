@@ -1,5 +1,7 @@
 //! `inference.GRPCInferenceService` over the frontend's model table: health, metadata and config
-//! answered from the table as discovery keeps it, inference through [`super::infer`]. RPCs the
+//! answered from the table as discovery keeps it, inference through [`super::infer`]. With
+//! `--http-api-keys-file` the two inference RPCs need a key in the `authorization` metadata; the
+//! others stay open like `/health` and `/v1/models` on the HTTP edge. RPCs the
 //! contract lists but kvmesh does not serve answer `UNIMPLEMENTED` (tonic's answer for a method
 //! the service does not have).
 
@@ -161,6 +163,7 @@ impl GrpcInferenceService for KserveService {
         &self,
         request: Request<ModelInferRequest>,
     ) -> Result<Response<ModelInferResponse>, Status> {
+        crate::auth::check_grpc(self.state.api_keys.as_deref(), request.metadata())?;
         let prepared = infer::prepare(&self.state, request.into_inner(), INFER_ENDPOINT, false)
             .map_err(|error| error.to_status())?;
         infer::unary(&self.state, prepared, INFER_ENDPOINT)
@@ -176,6 +179,7 @@ impl GrpcInferenceService for KserveService {
         &self,
         request: Request<Streaming<ModelInferRequest>>,
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
+        crate::auth::check_grpc(self.state.api_keys.as_deref(), request.metadata())?;
         Ok(Response::new(super::stream::serve(
             self.state.clone(),
             request.into_inner(),
