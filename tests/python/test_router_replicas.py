@@ -166,8 +166,10 @@ def test_streamed_tokens_are_reported_when_replicas_track_output_blocks(replicas
         assert r.status_code == 200
         for _ in r.iter_lines():
             pass
-    # 70 tokens with 16-token blocks: the first token, then one report per block.
-    wait_until(lambda: reported() - before >= 4, what="output token reports")
+    # 70 tokens with 16-token blocks: the first token, then a report for each response that
+    # completes a block. A busy frontend reads the worker late and gets several blocks merged in
+    # one response (one report), so only "more than the first" is certain.
+    wait_until(lambda: reported() - before >= 2, what="output token reports")
 
 
 def test_shared_prefix_follows_the_cache(replicas_mesh):
