@@ -8,22 +8,12 @@ import re
 import pytest
 import requests
 
-from conftest import Mesh, Proc, free_port, start_distributed, wait_ready
+from conftest import Proc, free_port, start_distributed
+from test_admission import start_up as start_kvmesh_up
 
 
 def start_up(name, env):
-    port = free_port()
-    proc = Proc(name, ["kvmesh", "up", "--http-host", "127.0.0.1", "--http-port", str(port),
-                       "--num-workers", "1", "--speedup-ratio", "100", "--tcp-rpc-port", str(free_port())],
-                env)
-    mesh = Mesh(f"http://127.0.0.1:{port}", [proc])
-    try:
-        wait_ready(mesh.base_url, "tiny", 1, [proc])
-    except BaseException:
-        print(proc.output()[-4000:])
-        mesh.stop()
-        raise
-    return mesh
+    return start_kvmesh_up(name, ["--speedup-ratio", "100"], env, workers=1)
 
 
 @pytest.fixture(scope="module")

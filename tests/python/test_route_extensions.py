@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from conftest import BIN_DIR, ROOT, Mesh, Proc, free_port, wait_ready
+from conftest import BIN_DIR, ROOT, free_port
+from test_admission import start_up as start_kvmesh_up
 
 EXTENSIONS = ROOT / "tests" / "python" / "extensions"
 
@@ -24,17 +25,7 @@ def python_env(extra=None):
 
 
 def start_up(name, args, env=None):
-    port = free_port()
-    proc = Proc(name, ["kvmesh", "up", "--http-host", "127.0.0.1", "--http-port", str(port),
-                       "--tcp-rpc-port", str(free_port()), "--num-workers", "1", *args], python_env(env))
-    mesh = Mesh(f"http://127.0.0.1:{port}", [proc])
-    try:
-        wait_ready(mesh.base_url, "tiny", 1, [proc])
-    except BaseException:
-        print(proc.output()[-4000:])
-        mesh.stop()
-        raise
-    return mesh
+    return start_kvmesh_up(name, args, python_env(env), workers=1)
 
 
 def test_an_extension_written_for_dynamo_is_served_unchanged():
