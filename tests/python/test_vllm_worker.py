@@ -72,6 +72,50 @@ def test_shared_prefix_goes_to_the_worker_that_holds_it(vllm_mesh):
         assert complete_on(vllm_mesh, prefix + [40 + i, 50 + i]) == first
 
 
+def test_builtin_vllm_processor_serves_chat_in_front_of_the_workers(vllm_mesh):
+    """`--dyn-chat-processor vllm`: the frontend spawns a processor host in the vLLM environment,
+    which templates, tokenizes and detokenizes with vLLM's own code; the workers generate."""
+    from pathlib import Path
+    import openai
+
+    from worker_impls import vllm_python
+    env = {"DYN_DISCOVERY_BACKEND": "etcd", "ETCD_ENDPOINTS": require_env("ETCD_ENDPOINTS"),
+           "NATS_SERVER": require_env("NATS_SERVER"), "VIRTUAL_ENV": str(Path(vllm_python()).parent.parent),
+           "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    port = free_port()
+    frontend = Proc("frontend-vllm-processor", ["kvmesh-frontend", "--http-host", "127.0.0.1", "--http-port", str(port),
+                                                "--namespace", vllm_mesh.namespace, "--router-mode", "kv",
+                                                "--dyn-chat-processor", "vllm"], env)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", "tiny", 1, [frontend], timeout=120)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        messages = [{"role": "user", "content": "hello through vLLM's processor"}]
+        reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0,
+                                               extra_body={"ignore_eos": True})
+        text = reply.choices[0].message.content
+        assert reply.choices[0].finish_reason == "length", reply
+        assert reply.usage.completion_tokens == 12 and text, reply
+        streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=12, temperature=0, stream=True,
+            extra_body={"ignore_eos": True}) if c.choices)
+        # The same greedy tokens, detokenized incrementally, give the same text.
+        assert streamed == text
+        # A stop string taken from that text ends the output just before it.
+        stop = text[len(text) // 2:len(text) // 2 + 3]
+        if stop.strip():
+            cut = client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0,
+                                                 stop=[stop], extra_body={"ignore_eos": True})
+            assert cut.choices[0].finish_reason == "stop", cut
+            assert cut.choices[0].message.content == text[:text.index(stop)]
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(model="tiny", messages=messages, max_tokens=4, temperature=-3)
+    except BaseException:
+        print(frontend.output()[-6000:])
+        raise
+    finally:
+        frontend.stop()
+
+
 def descendants(pid):
     """(pid, command line) of every process below `pid`."""
     out = []

@@ -61,14 +61,18 @@ def resolve(name, groups=PROCESSOR_GROUPS, what="chat processor"):
 
 
 def _builtin(name):
-    """The built-in `vllm` and `sglang` processors need their package in the host's Python."""
+    """The built-in `vllm` and `sglang` processors need their package in the host's Python, and
+    an installed processor under that name (`vllm`: the kvmesh vLLM worker package,
+    workers/vllm, registers one)."""
     try:
         importlib.import_module(name)
     except ImportError as error:
         raise StartupError(
             f"--dyn-chat-processor {name} needs the {name!r} Python package, which is not importable "
             f"in this host's Python ({error}); install it in the host's environment") from error
-    raise StartupError(f"--dyn-chat-processor {name}: the built-in {name} processor is not available in this build")
+    if name not in _registered(PROCESSOR_GROUPS):
+        hint = " (install workers/vllm: pip install ./workers/vllm)" if name == "vllm" else ""
+        raise StartupError(f"--dyn-chat-processor {name}: no {name} processor is installed in this host's Python{hint}")
 
 
 class Config:

@@ -1,0 +1,47 @@
+"""The vllm processor's stop-string matcher (workers/vllm/src/kvmesh_vllm/stops.py): text is
+released as soon as it cannot begin a stop string, and a stop string split over many chunks is
+still found."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workers" / "vllm" / "src"))
+
+from kvmesh_vllm.stops import StopStrings  # noqa: E402
+
+
+def run(stops, chunks, include=False):
+    matcher = StopStrings(stops, include)
+    out = []
+    for chunk in chunks:
+        text, matched = matcher.feed(chunk)
+        out.append(text)
+        if matched:
+            return out, True
+    out.append(matcher.flush())
+    return out, False
+
+
+def test_no_stop_strings_pass_text_through():
+    assert run([], ["ab", "cd"]) == (["ab", "cd", ""], False)
+
+
+def test_text_that_cannot_start_a_stop_is_released_at_once():
+    out, matched = run(["END"], ["hello ", "world"])
+    assert out == ["hello ", "world", ""] and not matched
+
+
+def test_a_stop_split_over_chunks_is_found_and_cut():
+    out, matched = run(["END"], ["abc E", "N", "D tail"])
+    assert matched
+    assert "".join(out) == "abc "
+    assert out[0] == "abc "  # "E" was held back: it may begin "END"
+
+
+def test_a_held_prefix_that_does_not_complete_is_released():
+    out, matched = run(["END"], ["x E", "Nx", "y"])
+    assert not matched and "".join(out) == "x ENxy"
+
+
+def test_the_earliest_of_several_stops_wins_and_include_keeps_it():
+    out, matched = run(["bb", "a"], ["xxbba"], include=True)
+    assert matched and "".join(out) == "xxbb"
