@@ -7,8 +7,8 @@ The contract, as these tests hold it:
   address serves the Worker service, and a model record whose card gives the block size, the
   input kind `Tokens` and the runtime config (KV blocks, max sequences, batched tokens);
 - `Generate` streams token ids: the first response names the worker, the last has a finish
-  reason and usage; `max_tokens`, `ignore_eos`, `stop_token_ids` (with `matched_stop_token_id`)
-  and `logprobs` are honoured; a repeated prompt reports its cached prefix in `usage`;
+  reason and usage; `max_tokens`, `ignore_eos`, `stop_token_ids` (with `matched_stop_token_id`),
+  `logprobs` and guided decoding (choice, regex) are honoured; a repeated prompt reports its cached prefix in `usage`;
 - dropping the stream cancels the request on the engine (its load goes back to zero);
 - bad requests are gRPC statuses (INVALID_ARGUMENT), not streams that end in an error;
 - `GetLoad` answers one entry per rank under the worker's id and the card's KV capacity, and the
@@ -136,6 +136,22 @@ def test_logprobs_are_returned_per_token(worker):
         assert entry.logprob <= 0.0
         assert 1 <= len(entry.top) <= 3, entry
         assert all(t.logprob <= 0.0 for t in entry.top)
+
+
+def test_guided_choice_and_regex_constrain_the_output(worker):
+    from tokenizers import Tokenizer
+
+    from conftest import TINY_MODEL
+    tokenizer = Tokenizer.from_file(str(TINY_MODEL / "tokenizer.json"))
+    stop = llm.StopConditions(max_tokens=24)
+    choices = ["alpha beta", "gamma"]
+    out = tokens(generate(worker, prompt_of(worker, 1, seed=9), stop=stop,
+                          sampling=llm.SamplingOptions(guided_choice=choices)))
+    assert tokenizer.decode(out, skip_special_tokens=True) in choices, out
+    out = tokens(generate(worker, prompt_of(worker, 1, seed=10), stop=stop,
+                          sampling=llm.SamplingOptions(guided_regex="[0-9]{3}")))
+    text = tokenizer.decode(out, skip_special_tokens=True)
+    assert len(text) == 3 and text.isdigit(), (text, out)
 
 
 def test_repeated_prompt_reports_its_cached_prefix(worker):
