@@ -13,10 +13,12 @@ use clap::Args;
 use kvmesh_core::flags::{negatable, parse_bool};
 
 mod deprecated;
+mod ejection;
 mod later;
 mod values;
 
 pub use self::deprecated::{DEPRECATED_ALIASES, LEGACY_OVERLAP_WEIGHT_ENV};
+pub use self::ejection::EjectionArgs;
 pub use self::later::{AisArgs, LaterRouterArgs};
 
 use self::values::{
@@ -284,6 +286,10 @@ pub struct RouterArgs {
     #[arg(long, hide = true, env = "DYN_ENCODER_CUDA_TO_CPU_RATIO", default_value_t = 8.0, value_parser = positive, allow_negative_numbers = true)]
     pub encoder_cuda_to_cpu_ratio: f64,
 
+    /// Ejection of failing workers.
+    #[command(flatten)]
+    pub ejection: EjectionArgs,
+
     /// Dynamo's router flags that kvmesh accepts but does not act on yet.
     #[command(flatten)]
     pub later: LaterRouterArgs,
@@ -372,6 +378,7 @@ impl RouterArgs {
             min_initial_workers: self.router_min_initial_workers,
             encoder_cuda_to_cpu_ratio: self.encoder_cuda_to_cpu_ratio,
             replica_sync: negatable(self.router_replica_sync, self.no_router_replica_sync),
+            ejection: self.ejection.to_config(),
         }
         .resolved();
         config.validate()?;

@@ -222,6 +222,8 @@ pub struct RouterConfig {
     pub encoder_cuda_to_cpu_ratio: f64,
     /// Publish tracker changes as [`crate::SyncEvent`]s for replicas.
     pub replica_sync: bool,
+    /// When failing workers are ejected, and for how long.
+    pub ejection: crate::health::EjectionConfig,
 }
 
 impl Default for RouterConfig {
@@ -237,6 +239,7 @@ impl Default for RouterConfig {
             min_initial_workers: 0,
             encoder_cuda_to_cpu_ratio: 8.0,
             replica_sync: false,
+            ejection: crate::health::EjectionConfig::default(),
         }
     }
 }

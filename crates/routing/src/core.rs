@@ -25,6 +25,7 @@ use kvmesh_kv::{ApproxConfig, ApproxIndex, ApproxPolicy, BlockHasher, WorkerKey}
 use crate::busy::{self, BusyInputs};
 use crate::config::{ApproxCachePolicy, BusyThresholds, ConfigError, RouterConfig, RouterMode};
 use crate::hash_cache::BlockHashCache;
+use crate::health::WorkerHealth;
 use crate::overlap::OverlapSource;
 use crate::queue::Queue;
 use crate::request::{Dispatched, RouteRequest, RoutingHints};
@@ -109,6 +110,7 @@ pub struct RouterCore {
     clock: Duration,
     busy: BusyThresholds,
     tracker: Tracker,
+    health: WorkerHealth,
     sessions: Sessions,
     queue: Queue,
     primary: Option<Arc<dyn OverlapSource>>,
@@ -160,6 +162,7 @@ impl RouterCore {
             .predicted_ttl
             .filter(|_| config.mode == RouterMode::Kv && kv.use_kv_events)
             .map(|ttl| ApproxIndex::new(ApproxConfig::predicted(ttl)));
+        let ejection = config.ejection;
         Ok(Self {
             busy: config.busy,
             is_ready: config.min_initial_workers == 0,
@@ -173,6 +176,7 @@ impl RouterCore {
             clock: Duration::ZERO,
             latches: HashMap::new(),
             tracker: Tracker::default(),
+            health: WorkerHealth::new(ejection),
             sessions: Sessions::default(),
             queue: Queue::default(),
             primary: None,
@@ -267,6 +271,7 @@ impl RouterCore {
             self.emit(&key, request.worker, SyncKind::Free);
         }
         self.sessions.remove_worker(worker_id);
+        self.health.remove(worker_id);
         if let Some(approx) = self.approx.as_mut() {
             approx.remove_worker(worker_id);
         }
@@ -352,6 +357,22 @@ impl RouterCore {
     pub fn tracked_worker_of(&self, router_id: &str, request_id: &str) -> Option<WorkerKey> {
         let key: crate::tracker::ReqKey = (Arc::from(router_id), request_id.to_string());
         self.tracker.get(&key).map(|request| request.worker)
+    }
+
+    /// Workers ejected for failing (or probing after their back-off; docs/routing.md,
+    /// "Ejection of failing workers").
+    pub fn num_ejected_workers(&self) -> usize {
+        self.health.num_ejected()
+    }
+
+    /// Whether a worker is ejected (or probing).
+    pub fn is_worker_ejected(&self, worker_id: u64) -> bool {
+        self.health.is_ejected(worker_id)
+    }
+
+    /// Ejections so far (a failed probe counts again) and readmissions so far.
+    pub fn ejection_counts(&self) -> (u64, u64) {
+        (self.health.ejections(), self.health.readmissions())
     }
 
     /// Parked requests (`dynamo_frontend_router_queue_pending_requests`).

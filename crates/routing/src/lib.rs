@@ -27,6 +27,7 @@ pub mod core;
 pub mod cost;
 pub mod error;
 pub mod hash_cache;
+pub mod health;
 mod modes;
 pub mod overlap;
 mod queue;
@@ -49,6 +50,7 @@ pub use core::{PreparedRequest, RouterCore};
 pub use cost::{CandidateLoad, CostBreakdown, CostWeights, EffectiveKv, RequestShape, kv_cost};
 pub use error::{DEFAULT_OVERLOAD_STATUS, OVERLOADED_MESSAGE, RouteError};
 pub use hash_cache::BlockHashCache;
+pub use health::{EjectionConfig, HealthChange};
 pub use overlap::{NoIndex, OverlapSource, build_event_index};
 pub use request::{
     Decision, Dispatched, RouteOutcome, RouteRequest, RouterConfigOverride, RoutingHints,

@@ -67,6 +67,10 @@ pub struct RoutingHints {
     /// Cache salt (the body's `cache_salt` or the `x-tenant-id` header). The routing seam writes
     /// it into the worker request unless that carries its own, and routes on the request's salt.
     pub cache_salt: Option<String>,
+    /// The discovery instance that reports this request's life when it is not this process (a
+    /// frontend routing through a router replica): when that instance leaves discovery, the
+    /// request is released (docs/routing.md, "Load tracking").
+    pub caller_instance_id: Option<u64>,
 }
 
 /// One request to route.
@@ -155,8 +159,13 @@ pub struct Dispatched {
 pub enum TerminalPath {
     /// The stream finished normally.
     Completed,
-    /// The worker or the dispatch failed (the session binding is dropped).
+    /// The request failed for a reason that says nothing against its worker (a rejected
+    /// request, a race with discovery); the session binding is dropped.
     Error,
+    /// The worker failed it (unreachable, an internal error, silent past its deadline) and it
+    /// was not moved elsewhere: the binding is dropped and the worker's failure counted
+    /// (docs/routing.md, "Ejection of failing workers").
+    WorkerFailed,
     /// The request was cancelled (by the client API or a stop).
     Cancelled,
     /// The client went away mid-stream (also what a dropped guard reports).
@@ -169,9 +178,10 @@ pub enum TerminalPath {
 
 impl TerminalPath {
     /// Every path a caller can report.
-    pub const ALL: [TerminalPath; 5] = [
+    pub const ALL: [TerminalPath; 6] = [
         TerminalPath::Completed,
         TerminalPath::Error,
+        TerminalPath::WorkerFailed,
         TerminalPath::Cancelled,
         TerminalPath::Disconnected,
         TerminalPath::Migrated,
@@ -180,7 +190,15 @@ impl TerminalPath {
     /// Whether the request's session binding is dropped (a non-cancellation failure of its
     /// worker; docs/routing.md, "Session affinity") rather than left to its idle timer.
     pub fn drops_session(self) -> bool {
-        matches!(self, TerminalPath::Error | TerminalPath::Migrated)
+        matches!(
+            self,
+            TerminalPath::Error | TerminalPath::WorkerFailed | TerminalPath::Migrated
+        )
+    }
+
+    /// Whether the request's worker failed it (counted towards its ejection).
+    pub fn is_worker_failure(self) -> bool {
+        matches!(self, TerminalPath::WorkerFailed | TerminalPath::Migrated)
     }
 }
 

@@ -8,6 +8,14 @@
 
 use kvmesh_kv::WorkerKey;
 
+/// The discovery instance a router id names: replicas sign their events `{instance_id:x}-{model}`
+/// (`kvmesh-router`), so a receiver can release what a departed replica routed. `None` for ids
+/// of another shape (a router without a registered instance).
+pub fn router_instance(router_id: &str) -> Option<u64> {
+    let (hex, _) = router_id.split_once('-')?;
+    u64::from_str_radix(hex, 16).ok()
+}
+
 /// One tracker change of one router.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SyncEvent {

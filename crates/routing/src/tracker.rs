@@ -74,6 +74,9 @@ pub(crate) struct ActiveRequest {
     pub started_at: Duration,
     /// Session binding the request holds a reference on (local requests only).
     pub session: Option<SessionHold>,
+    /// The discovery instance whose departure releases the request (a remote caller, or the
+    /// replica that routed it).
+    pub owner: Option<u64>,
 }
 
 /// What to track for a new request.
@@ -86,6 +89,7 @@ pub(crate) struct TrackAdd {
     pub osl: Option<u32>,
     pub started_at: Duration,
     pub session: Option<SessionHold>,
+    pub owner: Option<u64>,
 }
 
 /// Load of one (worker, dp_rank).
@@ -155,6 +159,7 @@ impl Tracker {
                 osl: add.osl,
                 started_at: add.started_at,
                 session: add.session,
+                owner: add.owner,
             },
         );
     }
@@ -266,6 +271,20 @@ impl Tracker {
         self.ranks.retain(|key, _| key.worker_id != worker_id);
         self.inflight.remove(&worker_id);
         freed
+    }
+
+    /// Frees every request owned by the discovery instance `owner`, in key order.
+    pub fn remove_owned_by(&mut self, owner: u64) -> Vec<(ReqKey, ActiveRequest)> {
+        let mut keys: Vec<ReqKey> = self
+            .requests
+            .iter()
+            .filter(|(_, r)| r.owner == Some(owner))
+            .map(|(k, _)| k.clone())
+            .collect();
+        keys.sort();
+        keys.into_iter()
+            .filter_map(|key| self.free(&key).map(|r| (key, r)))
+            .collect()
     }
 
     /// The tracked request under `key`.

@@ -15,6 +15,7 @@ fn add(worker: WorkerKey, hashes: Vec<u64>, prefill: u64, osl: Option<u32>, at: 
         osl,
         started_at: Duration::from_secs(at),
         session: None,
+        owner: None,
     }
 }
 

@@ -50,6 +50,8 @@ pub struct FrontendMetrics {
     worker_last_itl: GaugeVec,
     worker_last_isl: IntGaugeVec,
     router: RouterComponentSeries,
+    /// Ejection of failing workers, per model.
+    pub ejection: kvmesh_router::metrics::EjectionSeries,
 }
 
 pub(crate) fn ratio_buckets() -> Vec<f64> {
@@ -263,6 +265,7 @@ impl FrontendMetrics {
             registry.register(Box::new(gauge.clone()))?;
             model_config.push(gauge);
         }
+        let ejection = kvmesh_router::metrics::EjectionSeries::new(&registry)?;
         Ok(Self {
             registry,
             requests_total,
@@ -289,6 +292,7 @@ impl FrontendMetrics {
             worker_last_itl,
             worker_last_isl,
             router,
+            ejection,
         })
     }
 

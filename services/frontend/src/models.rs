@@ -258,6 +258,12 @@ impl FleetTable for ServedModels {
         self.models.len() != before
     }
 
+    fn instance_departed(&mut self, instance_id: u64) {
+        for state in self.models.values() {
+            state.routing.release_instance(instance_id);
+        }
+    }
+
     fn publish(&self) {
         publish(&self.table, &self.models, &self.config);
     }
@@ -301,11 +307,14 @@ async fn reconcile(
                     }
                 },
             };
+            // Signed with this process's instance id, as replicas sign theirs, so that peers
+            // syncing its load release it when this frontend leaves discovery.
+            let router_id = format!("{:x}", config.discovery.instance_id());
             let setup = fleet::RouterSetup {
                 config: &config.router,
                 block_size_override: config.kv_cache_block_size,
                 events: &config.events,
-                router_id: None,
+                router_id: Some(&router_id),
             };
             let Some(routing) = fleet::ModelRouting::build(
                 name,

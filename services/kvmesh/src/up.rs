@@ -120,6 +120,7 @@ async fn run_mesh(
         },
         model_name: Some(model_name.clone()),
         engine: opts.engine.clone(),
+        fault_file: None,
     };
     let mut frontend_args = opts.frontend.clone();
     frontend_args.model_path = Some(model_path);

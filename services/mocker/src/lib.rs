@@ -8,6 +8,7 @@
 pub mod driver;
 pub mod embed;
 pub mod engine;
+pub mod fault;
 mod guided;
 pub mod opts;
 mod tool_calls;
@@ -153,7 +154,8 @@ pub async fn run(
             tokenizer.clone(),
             opts.engine.tool_call_parser,
             config.seed,
-        );
+        )
+        .with_fault_file(opts.fault_file.clone().map(fault::FaultFile));
         inflight.push(service.inflight().clone());
         let is_inproc = embedded.as_ref().is_some_and(|e| !e.grpc_workers);
         let (address, transport) = if is_inproc {
@@ -260,6 +262,10 @@ fn model_card(opts: &MockerOpts, model_name: &str, config: &EngineConfig) -> Mod
             total_kv_blocks: Some(config.num_gpu_blocks as u64),
             max_num_seqs: Some(config.max_num_seqs as u64),
             max_num_batched_tokens: Some(config.max_num_batched_tokens as u64),
+            prefill_tokens_per_second: prefill_speed(
+                config.max_num_batched_tokens,
+                opts.engine.speedup_ratio,
+            ),
             data_parallel_start_rank: 0,
             data_parallel_size: opts.engine.data_parallel_size,
             tool_call_parser: opts
@@ -274,6 +280,15 @@ fn model_card(opts: &MockerOpts, model_name: &str, config: &EngineConfig) -> Mod
         }),
         ..Default::default()
     }
+}
+
+/// Prompt tokens per second the engine prefills, published on the card so that routers give a
+/// worker time for a long prefill: one full scheduler pass of prefill, at the timing model's
+/// speed. `None` when the engine does not sleep (`--speedup-ratio 0`).
+fn prefill_speed(max_num_batched_tokens: usize, speedup_ratio: f64) -> Option<u64> {
+    let pass_ms = engine::timing::prefill_ms(max_num_batched_tokens) / speedup_ratio;
+    (speedup_ratio > 0.0 && pass_ms > 0.0)
+        .then(|| (max_num_batched_tokens as f64 * 1000.0 / pass_ms) as u64)
 }
 
 /// Thinking between `format`'s markers, tokenized with the model's tokenizer, for half of each

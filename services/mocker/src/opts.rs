@@ -47,6 +47,12 @@ pub struct MockerOpts {
     /// Engine options.
     #[command(flatten)]
     pub engine: EngineArgs,
+
+    /// For tests: a file read at every Generate call; `stall` accepts requests and never
+    /// answers, `fail` fails them at once, anything else serves (kvmesh; docs/mocker.md, "Fault
+    /// injection").
+    #[arg(long, env = "KVMESH_MOCKER_FAULT_FILE")]
+    pub fault_file: Option<PathBuf>,
 }
 
 /// The engine options of the mocker, shared with `kvmesh up`.

@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::driver::{Command, RankOutput};
 use crate::engine::{EngineRequest, EngineSampling, KvCacheEvent, Xoshiro256};
+use crate::fault::{Fault, FaultFile};
 use kvmesh_llm::Tokenizer;
 use kvmesh_llm::tool_calls::ToolCallFormat;
 use kvmesh_runtime::{ErrorCode, GrpcErrorCode as _};
@@ -39,6 +40,8 @@ pub struct MockWorker {
     tool_format: Option<ToolCallFormat>,
     /// The engine's seed (`--seed`), which forced output is drawn with as free text is.
     seed: u64,
+    /// `--fault-file`, read at every Generate call.
+    fault: Option<Arc<FaultFile>>,
 }
 
 impl MockWorker {
@@ -56,7 +59,15 @@ impl MockWorker {
             tokenizer,
             tool_format,
             seed,
+            fault: None,
         }
+    }
+
+    /// Reads `fault` at every Generate call to stall or fail it (docs/mocker.md, "Fault
+    /// injection").
+    pub fn with_fault_file(mut self, fault: Option<FaultFile>) -> Self {
+        self.fault = fault.map(Arc::new);
+        self
     }
 
     /// The tokens of the output guided decoding forces, empty when the request is free: JSON
@@ -127,6 +138,16 @@ impl MockWorker {
     }
 
     fn start(&self, request: GenerateRequest) -> Result<ResponseStream, tonic::Status> {
+        match self.fault.as_deref().map(FaultFile::current) {
+            Some(Fault::Fail) => {
+                return Err(kvmesh_runtime::ErrorCode::Internal
+                    .to_status("injected fault: this worker fails every request"));
+            }
+            // Held open without an answer and without an in-flight entry: shutdown does not
+            // wait for a stalled request.
+            Some(Fault::Stall) => return Ok(futures::stream::pending().boxed()),
+            Some(Fault::None) | None => {}
+        }
         if request.token_ids.is_empty() {
             return Err(
                 kvmesh_runtime::ErrorCode::InvalidArgument.to_status("token_ids must not be empty")

@@ -84,5 +84,8 @@ impl FleetTable for ProcessorModels {
         false
     }
 
+    /// A processor host routes nothing.
+    fn instance_departed(&mut self, _instance_id: u64) {}
+
     fn publish(&self) {}
 }

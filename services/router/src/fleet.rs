@@ -60,6 +60,13 @@ impl DiscoveredRecords {
         }
     }
 
+    /// Whether any instance record of discovery instance `instance_id` is present.
+    pub fn has_instance(&self, instance_id: u64) -> bool {
+        self.instances
+            .keys()
+            .any(|key| key.instance_id == instance_id)
+    }
+
     /// Every model with the workers serving it: a worker serves a model once both its instance
     /// record and its model record are present.
     pub fn serving(&self) -> HashMap<String, Vec<(&ModelRecord, &InstanceRecord)>> {
@@ -353,6 +360,13 @@ impl ModelRouting {
 }
 
 impl ModelRouting {
+    /// Releases what this model's router tracks for departed instance `instance_id`
+    /// ([`FleetTable::instance_departed`]).
+    pub fn release_instance(&self, instance_id: u64) -> usize {
+        self.router
+            .with_core(|core, now| core.release_instance(instance_id, now))
+    }
+
     /// Warns when a worker's card advertises a block size other than the one this model routes
     /// with: its KV events hash other blocks, so its cache never matches a prompt and kv routing
     /// treats it as cold (run every worker of a model with one block size, or set
@@ -390,15 +404,29 @@ impl ModelRouting {
         let mut next = BTreeMap::new();
         for (record, instance) in listed {
             let id = instance.instance_id;
+            let first_response_timeout = crate::generation::first_response_timeout(
+                record
+                    .card
+                    .as_ref()
+                    .and_then(|card| card.runtime_config.as_ref())
+                    .and_then(|rc| rc.prefill_tokens_per_second),
+            );
             let worker = match current.get(&id) {
-                Some(existing) => existing.clone(),
+                Some(existing) => WorkerRef {
+                    first_response_timeout,
+                    ..existing.clone()
+                },
                 None => match connect_worker(&instance.address, grpc) {
                     Ok(endpoint) => {
                         tracing::info!(model = %model, worker_id = %format!("{id:x}"), address = %instance.address, "worker added");
                         if block_size_override.is_none() {
                             self.check_block_size(model, id, record.card.as_ref());
                         }
-                        WorkerRef { id, endpoint }
+                        WorkerRef {
+                            id,
+                            endpoint,
+                            first_response_timeout,
+                        }
                     }
                     Err(error) => {
                         tracing::warn!(worker_id = %format!("{id:x}"), %error, "cannot reach worker");

@@ -5,6 +5,7 @@
 //! Whether the decision was made in this process or by router replicas is the [`RouteDecider`]'s
 //! business alone.
 
+mod deadline;
 mod stream;
 
 use std::sync::Arc;
@@ -18,6 +19,10 @@ use kvmesh_proto::v1::{
 use kvmesh_runtime::ErrorCode;
 use kvmesh_runtime::worker_client::{ResponseStream, WorkerEndpoint};
 
+pub use self::deadline::{
+    DEADLINE_PREFILL_TOKENS, DEFAULT_INTER_RESPONSE_TIMEOUT, DEFAULT_PREFILL_TOKENS_PER_SECOND,
+    MIN_FIRST_RESPONSE_TIMEOUT, first_response_timeout,
+};
 pub use self::stream::Generation;
 use crate::decider::{RouteDecider, RouteLease};
 use crate::fleet::untried_workers;
@@ -35,6 +40,19 @@ pub struct WorkerRef {
     pub id: u64,
     /// How to reach it.
     pub endpoint: Arc<dyn WorkerEndpoint>,
+    /// Its default first-response deadline ([`first_response_timeout`] of its card).
+    pub first_response_timeout: Duration,
+}
+
+impl WorkerRef {
+    /// A worker with the first-response deadline of a card that publishes no prefill speed.
+    pub fn new(id: u64, endpoint: Arc<dyn WorkerEndpoint>) -> Self {
+        Self {
+            id,
+            endpoint,
+            first_response_timeout: first_response_timeout(None),
+        }
+    }
 }
 
 /// How long [`ModelRouter::generate`] waits for the worker's first response before handing the
@@ -57,8 +75,9 @@ pub struct GenerateOptions {
     pub hints: RoutingHints,
     /// The prompt's cut points from tokenizing (block hashes of a known prefix are reused).
     pub prefix_cuts: Arc<[PrefixCut]>,
-    /// Longest wait for the worker to answer, and longest silence between its responses
-    /// (`DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS`); `None` waits as long as the connection lives.
+    /// `DYN_HTTP_BACKEND_STREAM_TIMEOUT_SECS`: replaces both default deadlines, the wait for
+    /// the worker's first response and the longest silence between two of its responses
+    /// (docs/routing.md, "Deadlines"); `None` keeps the defaults.
     pub response_timeout: Option<Duration>,
     /// How long the call waits for the first response.
     pub wait: FirstResponseWait,
@@ -156,17 +175,19 @@ impl ModelRouter {
             request.cache_salt.clone_from(salt);
         }
         let migration = self.inner.migration;
-        let resume = (migration.limit > 0).then(|| stream::Resume {
+        let mut remaining = migration.limit;
+        let original = (migration.limit > 0).then(|| request.clone());
+        let prompt_len = request.token_ids.len();
+        let started = self.start(request, &options, &mut remaining).await?;
+        let resume = original.map(|request| stream::Resume {
             model: self.clone(),
-            request: request.clone(),
+            request,
             options: GenerateOptions {
                 wait: FirstResponseWait::Full,
                 ..options.clone()
             },
-            remaining: migration.limit,
+            remaining,
         });
-        let prompt_len = request.token_ids.len();
-        let started = self.start(request, &options).await?;
         Ok(Generation::new(
             started,
             resume,
@@ -175,11 +196,14 @@ impl ModelRouter {
         ))
     }
 
-    /// One routed start with retries on unreachable workers.
+    /// One routed start with retries on unreachable workers; a worker that fails before its
+    /// first response (an internal error, silence past its deadline) moves the request to
+    /// another worker while `migrations` lasts, each move taken from it.
     async fn start(
         &self,
         request: GenerateRequest,
         options: &GenerateOptions,
+        migrations: &mut u32,
     ) -> Result<Started, RouteError> {
         let workers = &self.inner.workers;
         let num_attempts = MAX_START_ATTEMPTS.min(workers.len()).max(1);
@@ -188,7 +212,8 @@ impl ModelRouter {
         let mut request = Some(request);
         let mut last_error = None;
         let mut timings = StartTimings::default();
-        for attempt in 0..num_attempts {
+        let mut attempt = 0;
+        while attempt < num_attempts {
             if !tried.is_empty() {
                 let allowed = untried_workers(
                     workers.iter().map(|w| w.id),
@@ -201,7 +226,7 @@ impl ModelRouter {
                 hints.allowed_worker_ids = Some(allowed);
             }
             // Only a request that may be retried is copied; the last attempt takes the original.
-            let this_request = if attempt + 1 == num_attempts {
+            let this_request = if attempt + 1 == num_attempts && *migrations == 0 {
                 request.take()
             } else {
                 request.clone()
@@ -234,6 +259,7 @@ impl ModelRouter {
                 lease.finish(TerminalPath::Error);
                 tried.push(worker_id);
                 last_error = Some(RouteError::NoEndpoint);
+                attempt += 1;
                 continue;
             };
             let dispatching = Instant::now();
@@ -246,13 +272,22 @@ impl ModelRouter {
                     return Ok(started);
                 }
                 Err(error) if is_unreachable(&error) => {
-                    lease.finish(TerminalPath::Error);
+                    lease.finish(TerminalPath::WorkerFailed);
                     tracing::warn!(worker_id = %format!("{worker_id:x}"), %error, "worker unreachable, trying another");
+                    tried.push(worker_id);
+                    last_error = Some(error);
+                    attempt += 1;
+                }
+                Err(error) if is_migratable(&error) && *migrations > 0 => {
+                    *migrations -= 1;
+                    lease.finish(TerminalPath::Migrated);
+                    self.inner.observer.migrated("new_request");
+                    tracing::warn!(worker_id = %format!("{worker_id:x}"), %error, "worker failed before its first response, migrating");
                     tried.push(worker_id);
                     last_error = Some(error);
                 }
                 Err(error) => {
-                    lease.finish(TerminalPath::Error);
+                    lease.finish(terminal_path_of(&error));
                     return Err(error);
                 }
             }
@@ -265,6 +300,8 @@ impl ModelRouter {
 pub(crate) struct Started {
     pub(crate) worker_id: u64,
     pub(crate) dp_rank: u32,
+    /// When the worker's first response is overdue (docs/routing.md, "Deadlines").
+    pub(crate) first_deadline: tokio::time::Instant,
     /// The first response, already received (pre-commit peek).
     pub(crate) first: Option<GenerateResponse>,
     pub(crate) stream: ResponseStream,
@@ -358,10 +395,13 @@ async fn start_on(
 ) -> Result<Started, RouteError> {
     let worker_id = worker.id;
     let routed_rank = request.routing.as_ref().and_then(|r| r.dp_rank);
-    // One deadline for opening the stream and, when waited for, its first response.
-    let deadline = options
+    // One deadline for opening the stream and its first response, whether waited for here or
+    // read from the stream later.
+    let limit = options
         .response_timeout
-        .map(|limit| (limit, tokio::time::Instant::now() + limit));
+        .unwrap_or(worker.first_response_timeout);
+    let first_deadline = tokio::time::Instant::now() + limit;
+    let deadline = Some((limit, first_deadline));
     let mut stream = by_deadline(deadline, worker.endpoint.generate(request))
         .await?
         .map_err(worker_failure)?;
@@ -389,6 +429,7 @@ async fn start_on(
     Ok(Started {
         worker_id,
         dp_rank,
+        first_deadline,
         first,
         stream,
         lease: None,
@@ -440,6 +481,20 @@ fn is_migratable(error: &RouteError) -> bool {
         RouteError::Worker {
             code: ErrorCode::Unavailable | ErrorCode::Internal | ErrorCode::Timeout,
             ..
-        }
+        } | RouteError::WorkerTimeout(_)
     )
 }
+
+/// How a request that ends with `error` is released: as the worker's failure (counted towards
+/// its ejection) when the worker is to blame, as a plain error otherwise.
+fn terminal_path_of(error: &RouteError) -> TerminalPath {
+    if is_migratable(error) {
+        TerminalPath::WorkerFailed
+    } else {
+        TerminalPath::Error
+    }
+}
+
+#[cfg(test)]
+#[path = "generation/seam_tests.rs"]
+mod seam_tests;

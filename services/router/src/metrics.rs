@@ -8,6 +8,67 @@ use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Reg
 
 use crate::routed_models::RoutedTable;
 use kvmesh_routing::error::RouteError;
+use kvmesh_routing::shared::SharedRouter;
+
+/// The ejection series of every process that routes (docs/routing.md, "Ejection of failing
+/// workers"), sampled from each model's router when scraped.
+#[derive(Clone)]
+pub struct EjectionSeries {
+    ejected: IntGaugeVec,
+    ejections: IntCounterVec,
+    readmissions: IntCounterVec,
+}
+
+impl EjectionSeries {
+    /// Registers the series in `registry`.
+    pub fn new(registry: &Registry) -> prometheus::Result<Self> {
+        let ejected = IntGaugeVec::new(
+            Opts::new(
+                "kvmesh_router_ejected_workers",
+                "workers ejected from routing after repeated failures (probing ones included)",
+            ),
+            &["model"],
+        )?;
+        let ejections = IntCounterVec::new(
+            Opts::new(
+                "kvmesh_router_worker_ejections_total",
+                "ejections of failing workers (a failed probe counts again)",
+            ),
+            &["model"],
+        )?;
+        let readmissions = IntCounterVec::new(
+            Opts::new(
+                "kvmesh_router_worker_readmissions_total",
+                "ejected workers readmitted after a successful probe",
+            ),
+            &["model"],
+        )?;
+        registry.register(Box::new(ejected.clone()))?;
+        registry.register(Box::new(ejections.clone()))?;
+        registry.register(Box::new(readmissions.clone()))?;
+        Ok(Self {
+            ejected,
+            ejections,
+            readmissions,
+        })
+    }
+
+    /// Samples `router`'s ejection state under its model's label.
+    pub fn sample(&self, model: &str, router: &SharedRouter) {
+        let (ejected, (ejections, readmissions)) =
+            router.with_core(|core, _| (core.num_ejected_workers(), core.ejection_counts()));
+        self.ejected
+            .with_label_values(&[model])
+            .set(i64::try_from(ejected).unwrap_or(i64::MAX));
+        for (counter, total) in [
+            (&self.ejections, ejections),
+            (&self.readmissions, readmissions),
+        ] {
+            let counter = counter.with_label_values(&[model]);
+            counter.inc_by(total.saturating_sub(counter.get()));
+        }
+    }
+}
 
 /// The replica's metrics.
 #[derive(Clone)]
@@ -21,6 +82,7 @@ pub struct RouterMetrics {
     queued: IntGaugeVec,
     sync_dropped: IntGaugeVec,
     index_failures: IntGaugeVec,
+    ejection: EjectionSeries,
 }
 
 impl RouterMetrics {
@@ -73,8 +135,10 @@ impl RouterMetrics {
         ] {
             registry.register(collector)?;
         }
+        let ejection = EjectionSeries::new(&registry)?;
         Ok(Self {
             registry,
+            ejection,
             decisions,
             reports,
             decision_seconds,
@@ -134,6 +198,7 @@ impl RouterMetrics {
             set(&self.tracked, tracked as u64);
             set(&self.queued, queued as u64);
             set(&self.sync_dropped, model.router.num_sync_dropped());
+            self.ejection.sample(name, &model.router);
             set(
                 &self.index_failures,
                 model.indexer.as_ref().map_or(0, |i| i.num_failures()),

@@ -42,6 +42,9 @@ struct Inner {
     replicas: InstanceList<Replica>,
     next: AtomicUsize,
     timeout: Duration,
+    /// This process's discovery instance id (0 without discovery): replicas release what they
+    /// routed for it once it leaves discovery.
+    caller_instance_id: u64,
 }
 
 /// The router replicas of one namespace, kept current from discovery. Cloning is cheap.
@@ -75,6 +78,7 @@ impl RemoteRouters {
             replicas,
             next: AtomicUsize::new(0),
             timeout,
+            caller_instance_id: discovery.instance_id(),
         });
         Ok(Self { inner })
     }
@@ -99,6 +103,7 @@ impl RemoteRouters {
             replicas: InstanceList::fixed(replicas),
             next: AtomicUsize::new(0),
             timeout,
+            caller_instance_id: 0,
         });
         Ok(Self { inner })
     }
@@ -138,6 +143,7 @@ impl RemoteRouters {
                 .config_override
                 .as_ref()
                 .map(wire::override_to_proto),
+            caller_instance_id: self.inner.caller_instance_id,
             prefix_cuts: wire::cuts_to_proto(request.prefix_cuts),
         };
         let start = self.inner.next.fetch_add(1, Ordering::Relaxed);

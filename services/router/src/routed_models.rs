@@ -132,6 +132,12 @@ impl FleetTable for RoutedFleet {
         false
     }
 
+    fn instance_departed(&mut self, instance_id: u64) {
+        for state in self.models.values() {
+            state.routing.release_instance(instance_id);
+        }
+    }
+
     fn publish(&self) {
         publish(&self.table, &self.models);
     }

@@ -256,12 +256,14 @@ impl RouterService {
         let result = async {
             validate(&request.model, &request.request_id, &request.token_ids)?;
             let model = self.model(&request.model)?;
-            let hints = wire::hints_from_proto(
+            let mut hints = wire::hints_from_proto(
                 request.hints.as_ref(),
                 &request.allowed_worker_ids,
                 request.session_bind_ttl_secs,
                 request.config_override.as_ref(),
             );
+            hints.caller_instance_id =
+                (request.caller_instance_id != 0).then_some(request.caller_instance_id);
             let prefix_cuts = wire::cuts_from_proto(&request.prefix_cuts);
             let route_request = RouteRequest {
                 request_id: request.request_id.clone(),

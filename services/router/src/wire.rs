@@ -87,6 +87,7 @@ pub fn terminal_to_proto(path: TerminalPath) -> pb::TerminalPath {
         TerminalPath::Cancelled => pb::TerminalPath::Cancelled,
         TerminalPath::Disconnected => pb::TerminalPath::Disconnected,
         TerminalPath::Migrated => pb::TerminalPath::Migrated,
+        TerminalPath::WorkerFailed => pb::TerminalPath::WorkerFailed,
     }
 }
 
@@ -99,6 +100,7 @@ pub fn terminal_from_proto(value: i32) -> Option<TerminalPath> {
         pb::TerminalPath::Cancelled => Some(TerminalPath::Cancelled),
         pb::TerminalPath::Disconnected => Some(TerminalPath::Disconnected),
         pb::TerminalPath::Migrated => Some(TerminalPath::Migrated),
+        pb::TerminalPath::WorkerFailed => Some(TerminalPath::WorkerFailed),
     }
 }
 
@@ -162,6 +164,8 @@ pub fn hints_from_proto(
         config_override: config_override.map(override_from_proto),
         // The salt travels in the request itself (`cache_salt` of the route or worker request).
         cache_salt: None,
+        // The caller travels in the route request (`caller_instance_id`).
+        caller_instance_id: None,
     }
 }
 
@@ -379,6 +383,7 @@ mod tests {
                 ..Default::default()
             }),
             cache_salt: None,
+            caller_instance_id: None,
         };
         let wire = hints_to_proto(&hints);
         let back = hints_from_proto(

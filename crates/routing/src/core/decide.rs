@@ -75,7 +75,7 @@ impl RouterCore {
         }
         let eff = EffectiveKv::new(&self.config.kv, prepared.hints.config_override.as_ref());
         let plan = self.plan(&prepared, now)?;
-        let candidates = self.eligible(&prepared, &plan)?;
+        let candidates = self.eligible(&prepared, &plan, now)?;
         let overlap = self.overlap(&prepared, &eff, primary, now);
         if self.config.queue_threshold.is_some()
             && (!self.queue.is_empty() || self.all_full(&candidates))
@@ -121,9 +121,10 @@ impl RouterCore {
                 &self.config.kv,
                 parked.prepared.hints.config_override.as_ref(),
             );
-            let candidates = self
-                .plan(&parked.prepared, now)
-                .and_then(|plan| self.eligible(&parked.prepared, &plan).map(|c| (plan, c)));
+            let candidates = self.plan(&parked.prepared, now).and_then(|plan| {
+                self.eligible(&parked.prepared, &plan, now)
+                    .map(|c| (plan, c))
+            });
             let (plan, candidates) = match candidates {
                 Ok(found) => found,
                 Err(error) => {
@@ -231,8 +232,9 @@ impl RouterCore {
         &mut self,
         prepared: &PreparedRequest,
         plan: &Plan,
+        now: Duration,
     ) -> Result<Vec<Candidate>, RouteError> {
-        let result = self.eligible_inner(prepared, plan);
+        let result = self.eligible_inner(prepared, plan, now);
         if let (Err(error), Some(session)) = (&result, &plan.session)
             && session.is_bound
             && error.drops_session()
@@ -246,6 +248,7 @@ impl RouterCore {
         &mut self,
         prepared: &PreparedRequest,
         plan: &Plan,
+        now: Duration,
     ) -> Result<Vec<Candidate>, RouteError> {
         let is_kv = self.config.mode == RouterMode::Kv;
         let needs_device = self.config.mode == RouterMode::DeviceAwareWeighted;
@@ -285,6 +288,11 @@ impl RouterCore {
         }
         if out.is_empty() {
             return Err(RouteError::NoEndpoint);
+        }
+        // Ejected workers are left out while anything else remains: with every candidate
+        // ejected, routing to one of them beats refusing the request.
+        if out.iter().any(|c| self.health.admits(c.key.worker_id, now)) {
+            out.retain(|c| self.health.admits(c.key.worker_id, now));
         }
         if self.busy.is_any_set() {
             let by_rank = is_kv || plan.pin_rank.is_some();

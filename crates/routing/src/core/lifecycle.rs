@@ -20,6 +20,8 @@ impl RouterCore {
         }
         if let Some(request) = self.tracker.get(&key) {
             let worker = request.worker;
+            // The worker produced: it is healthy (a probe readmits it).
+            self.note_health(worker.worker_id, &key, TerminalPath::Completed, now);
             self.emit(&key, worker, SyncKind::MarkPrefillCompleted);
         }
         self.drain_queue(now);
@@ -47,6 +49,7 @@ impl RouterCore {
         let Some(request) = self.tracker.free(&key) else {
             return false;
         };
+        self.note_health(request.worker.worker_id, &key, path, now);
         self.release_session(&key, &request, path, now);
         self.emit(&key, request.worker, SyncKind::Free);
         self.drain_queue(now);
@@ -70,6 +73,7 @@ impl RouterCore {
             if now >= expiry {
                 for (key, request) in self.tracker.expire(cutoff) {
                     tracing::warn!(request_id = %key.1, worker_id = request.worker.worker_id, "freeing stale tracked request");
+                    self.note_health(request.worker.worker_id, &key, TerminalPath::Expired, now);
                     self.release_session(&key, &request, TerminalPath::Expired, now);
                     self.emit(&key, request.worker, SyncKind::Free);
                 }
@@ -140,6 +144,7 @@ impl RouterCore {
                         osl: None,
                         started_at: now,
                         session: None,
+                        owner: crate::sync::router_instance(&event.router_id),
                     },
                 );
             }
@@ -160,6 +165,57 @@ impl RouterCore {
             SyncKind::SessionBind { .. } => {}
         }
         self.drain_queue(now);
+    }
+
+    /// Frees every request whose reporter was the discovery instance `instance_id`, now gone: a
+    /// frontend that routed through this replica, or a replica whose load this router mirrors
+    /// (docs/routing.md, "Load tracking"). Returns how many were freed.
+    pub fn release_instance(&mut self, instance_id: u64, now: Duration) -> usize {
+        let freed = self.tracker.remove_owned_by(instance_id);
+        let count = freed.len();
+        for (key, request) in freed {
+            self.release_session(&key, &request, TerminalPath::Disconnected, now);
+            self.note_health(
+                request.worker.worker_id,
+                &key,
+                TerminalPath::Disconnected,
+                now,
+            );
+            self.emit(&key, request.worker, SyncKind::Free);
+        }
+        if count > 0 {
+            tracing::info!(model = %self.model, instance_id = %format!("{instance_id:x}"), count, "released the routings of a departed instance");
+            self.drain_queue(now);
+        }
+        count
+    }
+
+    /// Counts how `key`'s request on `worker_id` went for the worker's ejection state
+    /// (docs/routing.md, "Ejection of failing workers").
+    pub(crate) fn note_health(
+        &mut self,
+        worker_id: u64,
+        key: &ReqKey,
+        path: TerminalPath,
+        now: Duration,
+    ) {
+        let change = match path {
+            TerminalPath::Completed => self.health.succeeded(worker_id, key),
+            path if path.is_worker_failure() => self.health.failed(worker_id, key, now),
+            _ => {
+                self.health.ended_neutral(worker_id, key, now);
+                None
+            }
+        };
+        match change {
+            Some(crate::health::HealthChange::Ejected(backoff)) => {
+                tracing::warn!(model = %self.model, worker_id = %format!("{worker_id:x}"), backoff_secs = backoff.as_secs_f64(), "worker ejected from routing after repeated failures");
+            }
+            Some(crate::health::HealthChange::Readmitted) => {
+                tracing::info!(model = %self.model, worker_id = %format!("{worker_id:x}"), "worker readmitted to routing");
+            }
+            None => {}
+        }
     }
 
     pub(crate) fn emit(&mut self, key: &ReqKey, worker: WorkerKey, kind: SyncKind) {

@@ -212,6 +212,7 @@ impl RouterCore {
                 },
             );
         }
+        self.health.routed(chosen.worker_id, &key, now);
         self.tracker.add(
             key,
             TrackAdd {
@@ -222,6 +223,7 @@ impl RouterCore {
                 osl,
                 started_at: now,
                 session,
+                owner: prepared.hints.caller_instance_id,
             },
         );
         Decision {

@@ -45,6 +45,17 @@ pub enum RecordChange {
 }
 
 impl RecordChange {
+    /// The instance id of a removed instance record, if this change is one.
+    pub fn removed_instance(&self) -> Option<u64> {
+        match self {
+            Self::Instance(event) => match event.as_ref() {
+                RecordEvent::Removed(key) => Some(key.instance_id),
+                RecordEvent::Added(_) => None,
+            },
+            Self::Model(_) => None,
+        }
+    }
+
     /// The typed form of a raw watch event on the key root: `None` for keys that are neither
     /// kind, records of namespaces `filter` rejects, and values that do not decode (logged).
     pub fn from_watch(event: WatchEvent, filter: &NamespaceFilter) -> Option<Self> {

@@ -59,6 +59,9 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let models = state.models.load();
     let pending = models.values().map(|entry| entry.router.queue_len()).sum();
     state.metrics.set_queue_pending(pending);
+    for (name, entry) in models.iter() {
+        state.metrics.ejection.sample(name, &entry.router);
+    }
     let block_hashes = models
         .values()
         .filter_map(|entry| entry.router.hash_cache_stats())

@@ -30,6 +30,11 @@ pub trait FleetTable: Send {
     /// Periodic upkeep; returns whether the published table must change.
     fn tick(&mut self) -> bool;
 
+    /// The process of discovery instance `instance_id` is gone (its lease expired or was
+    /// revoked): every router releases what it tracks on that process's behalf — the requests
+    /// a departed frontend routed through it, the load a departed replica synced to it.
+    fn instance_departed(&mut self, instance_id: u64);
+
     /// Publishes the current models to the readers of the table.
     fn publish(&self);
 }
@@ -73,8 +78,14 @@ pub async fn watch_fleet<T: FleetTable>(
                 let Some(change) = change else {
                     return Err(WatchError::Ended);
                 };
+                let removed = change.removed_instance();
                 records.apply(change);
                 table.reconcile(&records, &shutdown).await?;
+                if let Some(instance_id) = removed
+                    && !records.has_instance(instance_id)
+                {
+                    table.instance_departed(instance_id);
+                }
                 table.publish();
             }
         }

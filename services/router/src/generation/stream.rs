@@ -9,8 +9,8 @@ use kvmesh_runtime::ErrorCode;
 use kvmesh_runtime::worker_client::ResponseStream;
 
 use super::{
-    GenerateOptions, ModelRouter, StartTimings, Started, is_migratable, worker_error,
-    worker_failure, worker_outcome,
+    DEFAULT_INTER_RESPONSE_TIMEOUT, GenerateOptions, ModelRouter, StartTimings, Started,
+    is_migratable, terminal_path_of, worker_error, worker_failure, worker_outcome,
 };
 use crate::decider::RouteLease;
 use crate::fleet::untried_workers;
@@ -39,7 +39,10 @@ pub struct Generation {
     stream: ResponseStream,
     lease: Option<Box<dyn RouteLease>>,
     resume: Option<Resume>,
-    silence_limit: Option<Duration>,
+    /// When the current worker's first response is overdue, until it arrives.
+    first_deadline: Option<tokio::time::Instant>,
+    /// The longest silence between two responses once the first arrived.
+    silence_limit: Duration,
     prompt_len: usize,
     /// Tokens streamed so far, kept only while the request may migrate.
     generated: Vec<u32>,
@@ -54,17 +57,18 @@ impl Generation {
         started: Started,
         resume: Option<Resume>,
         prompt_len: usize,
-        silence_limit: Option<Duration>,
+        timeout_override: Option<Duration>,
     ) -> Self {
         Self {
             worker_id: started.worker_id,
             dp_rank: started.dp_rank,
+            first_deadline: started.first.is_none().then_some(started.first_deadline),
             first: started.first,
             stream: started.stream,
             lease: started.lease,
             timings: started.timings,
             resume,
-            silence_limit,
+            silence_limit: timeout_override.unwrap_or(DEFAULT_INTER_RESPONSE_TIMEOUT),
             prompt_len,
             generated: Vec::new(),
             is_first_token_reported: false,
@@ -97,14 +101,21 @@ impl Generation {
         loop {
             let next = match self.first.take() {
                 Some(response) => Ok(response),
-                None => match next_response(&mut self.stream, self.silence_limit).await {
-                    Some(Ok(response)) => worker_outcome(response),
-                    Some(Err(error)) => Err(error),
-                    None => Err(worker_error(
-                        ErrorCode::Unavailable,
-                        "worker stream ended without a finish reason",
-                    )),
-                },
+                None => {
+                    match next_response(&mut self.stream, self.first_deadline, self.silence_limit)
+                        .await
+                    {
+                        Some(Ok(response)) => {
+                            self.first_deadline = None;
+                            worker_outcome(response)
+                        }
+                        Some(Err(error)) => Err(error),
+                        None => Err(worker_error(
+                            ErrorCode::Unavailable,
+                            "worker stream ended without a finish reason",
+                        )),
+                    }
+                }
             };
             match next {
                 Ok(response) => return Some(Ok(self.account(response))),
@@ -112,7 +123,7 @@ impl Generation {
                     if self.migrate(&error).await {
                         continue;
                     }
-                    self.end(TerminalPath::Error);
+                    self.end(terminal_path_of(&error));
                     return Some(Err(error));
                 }
             }
@@ -221,7 +232,7 @@ impl Generation {
         } else {
             "ongoing_request"
         };
-        match model.start(request, &options).await {
+        match model.start(request, &options, &mut state.remaining).await {
             Ok(moved) => {
                 model.inner.observer.migrated(kind);
                 tracing::info!(%error, from = %format!("{:x}", self.worker_id), to = %format!("{:x}", moved.worker_id), kind, "request migrated");
@@ -230,6 +241,7 @@ impl Generation {
                 }
                 self.worker_id = moved.worker_id;
                 self.dp_rank = moved.dp_rank;
+                self.first_deadline = moved.first.is_none().then_some(moved.first_deadline);
                 self.first = moved.first;
                 self.stream = moved.stream;
                 self.lease = moved.lease;
@@ -245,23 +257,24 @@ impl Generation {
     }
 }
 
-/// The worker's next response; a silence longer than `limit` is a timeout failure (migratable:
-/// a stalled worker whose connection still answers keepalives looks exactly like this).
+/// The worker's next response. Missing `first_deadline` (while the first response is awaited)
+/// or a silence longer than `limit` after it is a timeout failure (migratable: a stalled worker
+/// whose connection still answers keepalives looks exactly like this).
 async fn next_response(
     stream: &mut ResponseStream,
-    limit: Option<Duration>,
+    first_deadline: Option<tokio::time::Instant>,
+    limit: Duration,
 ) -> Option<Result<GenerateResponse, RouteError>> {
-    let next = match limit {
-        Some(limit) => match tokio::time::timeout(limit, stream.next()).await {
-            Ok(next) => next,
-            Err(_) => {
-                return Some(Err(worker_error(
-                    ErrorCode::Timeout,
-                    format!("worker silent for {} s", limit.as_secs()),
-                )));
-            }
-        },
-        None => stream.next().await,
-    };
-    next.map(|response| response.map_err(worker_failure))
+    let deadline = first_deadline.unwrap_or_else(|| tokio::time::Instant::now() + limit);
+    match tokio::time::timeout_at(deadline, stream.next()).await {
+        Ok(next) => next.map(|response| response.map_err(worker_failure)),
+        Err(_) if first_deadline.is_some() => Some(Err(worker_error(
+            ErrorCode::Timeout,
+            "worker sent no first response within its deadline",
+        ))),
+        Err(_) => Some(Err(worker_error(
+            ErrorCode::Timeout,
+            format!("worker silent for {} s", limit.as_secs()),
+        ))),
+    }
 }

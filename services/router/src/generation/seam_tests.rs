@@ -1,0 +1,139 @@
+//! The seam against workers that misbehave: a stalled worker is given up at its own
+//! first-response deadline (no override), the request moves, and the worker's failure is counted.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use kvmesh_proto::v1::{FinishReason, GenerateRequest, GenerateResponse};
+use kvmesh_routing::shared::SharedRouter;
+use kvmesh_routing::{EjectionConfig, RouterConfig, RouterCore, RouterMode, WorkerInfo};
+use kvmesh_runtime::worker_client::{ResponseStream, WorkerEndpoint};
+
+use super::*;
+use crate::decider::LocalDecider;
+
+/// Accepts every request and never answers.
+struct Stalled;
+
+#[async_trait]
+impl WorkerEndpoint for Stalled {
+    async fn generate(&self, _request: GenerateRequest) -> Result<ResponseStream, tonic::Status> {
+        Ok(futures::stream::pending().boxed())
+    }
+}
+
+/// Answers every request with one final token.
+struct Answers;
+
+#[async_trait]
+impl WorkerEndpoint for Answers {
+    async fn generate(&self, _request: GenerateRequest) -> Result<ResponseStream, tonic::Status> {
+        let response = GenerateResponse {
+            token_ids: vec![7],
+            finish_reason: FinishReason::Length as i32,
+            ..Default::default()
+        };
+        Ok(futures::stream::iter([Ok(response)]).boxed())
+    }
+}
+
+fn model(migration_limit: u32) -> (ModelRouter, SharedRouter) {
+    let mut config = RouterConfig::with_mode(RouterMode::RoundRobin);
+    config.ejection = EjectionConfig {
+        consecutive_failures: 1,
+        ..EjectionConfig::default()
+    };
+    let mut core = RouterCore::new(config, "m", 16, 1).unwrap();
+    core.upsert_worker(WorkerInfo::new(1), Duration::ZERO);
+    core.upsert_worker(WorkerInfo::new(2), Duration::ZERO);
+    let router = SharedRouter::new(core, Arc::new(kvmesh_routing::MonotonicClock::new()));
+    let decider = Arc::new(LocalDecider {
+        router: router.clone(),
+        indexer: None,
+    });
+    // Round robin tries worker 1 (stalled) first; its card says it answers within 200 ms.
+    let workers = vec![
+        WorkerRef {
+            first_response_timeout: Duration::from_millis(200),
+            ..WorkerRef::new(1, Arc::new(Stalled))
+        },
+        WorkerRef::new(2, Arc::new(Answers)),
+    ];
+    let policy = MigrationPolicy {
+        limit: migration_limit,
+        max_seq_len: None,
+    };
+    let model = ModelRouter::new("m", decider, workers, policy, Arc::new(NoObserver));
+    (model, router)
+}
+
+fn options(wait: FirstResponseWait) -> GenerateOptions {
+    GenerateOptions {
+        hints: RoutingHints::default(),
+        prefix_cuts: Arc::from(Vec::new()),
+        response_timeout: None,
+        wait,
+    }
+}
+
+fn request() -> GenerateRequest {
+    GenerateRequest {
+        request_id: "r".into(),
+        token_ids: vec![1, 2, 3],
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn a_stalled_stream_moves_at_the_workers_first_response_deadline() {
+    let (model, router) = model(3);
+    let began = Instant::now();
+    let mut generation = model
+        .generate(request(), options(FirstResponseWait::None))
+        .await
+        .unwrap();
+    assert_eq!(generation.worker_id(), 1);
+    let response = generation.next().await.unwrap().unwrap();
+    assert_eq!(response.token_ids, vec![7]);
+    assert_eq!(
+        generation.worker_id(),
+        2,
+        "moved to the worker that answers"
+    );
+    let waited = began.elapsed();
+    assert!(waited >= Duration::from_millis(200), "{waited:?}");
+    assert!(waited < Duration::from_secs(5), "{waited:?}");
+    assert!(
+        router.with_core(|core, _| core.is_worker_ejected(1)),
+        "the stalled worker counted as failing"
+    );
+}
+
+#[tokio::test]
+async fn a_stalled_start_moves_within_the_migration_budget() {
+    let (model, _router) = model(1);
+    // A non-streaming start waits for the first response itself.
+    let mut generation = model
+        .generate(request(), options(FirstResponseWait::Full))
+        .await
+        .unwrap();
+    assert_eq!(generation.worker_id(), 2);
+    assert_eq!(generation.next().await.unwrap().unwrap().token_ids, vec![7]);
+}
+
+#[tokio::test]
+async fn without_migration_the_deadline_is_a_timeout_error() {
+    let (model, router) = model(0);
+    let error = match model
+        .generate(request(), options(FirstResponseWait::Full))
+        .await
+    {
+        Err(error) => error,
+        Ok(_) => panic!("a stalled worker answered"),
+    };
+    assert_eq!(error.code(), ErrorCode::Timeout);
+    assert!(router.with_core(|core, _| core.is_worker_ejected(1)));
+    assert_eq!(router.with_core(|core, _| core.num_tracked()), 0);
+}
