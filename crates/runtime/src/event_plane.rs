@@ -83,4 +83,8 @@ pub trait EventPlane: Send + Sync + 'static {
 
     /// The last sequence stored in `stream` (0 when empty).
     async fn last_sequence(&self, stream: &str) -> Result<u64>;
+
+    /// The first sequence still stored in `stream`: a reader that expects an earlier one lost
+    /// the messages in between to retention (0 or `last + 1` when nothing is stored).
+    async fn first_sequence(&self, stream: &str) -> Result<u64>;
 }

@@ -100,8 +100,10 @@ pub async fn load_from_peer(
         let peers: Vec<InstanceRecord> = list_replicas(discovery, namespace)
             .await?
             .into_iter()
-            .filter(|(_, layout)| {
-                layout.partitions == state.layout.partitions
+            .filter(|(record, layout)| {
+                // A replica resyncing while registered must not ask itself.
+                record.instance_id != discovery.instance_id()
+                    && layout.partitions == state.layout.partitions
                     && layout.num_partitions == state.layout.num_partitions
             })
             .map(|(record, _)| record)
@@ -168,6 +170,8 @@ async fn load_snapshot(address: &str, state: &Arc<ShardState>) -> anyhow::Result
         }
     }
     let stream_seq = stream_seq.ok_or_else(|| anyhow::anyhow!("snapshot without a header"))?;
+    // The snapshot replaces whatever the replica held (a resync after a retention gap).
+    state.clear();
     for (model, dump) in dumps {
         let index = state
             .model_or_insert(&model)

@@ -68,9 +68,36 @@ pub struct ConsumerConfig {
 /// Longest wait between attempts to resume a failed event stream.
 const MAX_RESUME_BACKOFF: Duration = Duration::from_secs(5);
 
+/// How often, at most, a jump in stream sequences makes the consumer ask for the stream's first
+/// sequence (docs/indexer.md, "Retention gaps").
+const GAP_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Where a replica that fell behind the stream's retention reloads its state: a serving peer of
+/// the same partitions, found in discovery.
+#[derive(Clone)]
+pub struct Resync {
+    /// Discovery of the namespace (this replica's own record is skipped).
+    pub discovery: Arc<dyn kvmesh_runtime::discovery::Discovery>,
+    /// The namespace.
+    pub namespace: String,
+}
+
+/// Messages the shard expected were deleted by retention before it read them: from `expected`
+/// on, the stream now starts at `first`.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "kv event stream retention passed this replica: expected sequence {expected}, the stream starts at {first}"
+)]
+struct RetentionGap {
+    expected: u64,
+    first: u64,
+}
+
 /// Consumes the shard's events from `start_seq` until `shutdown` (or until every control sender
 /// is gone), resuming after the last applied sequence whenever the stream fails; fails only when
-/// the shard can no longer index ([`LaneStopped`]). The state stays
+/// the shard can no longer index ([`LaneStopped`]). When retention deleted messages the replica
+/// had not read, it reloads a peer's snapshot through `resync` (docs/indexer.md, "Retention
+/// gaps"); without a peer it counts the gap and goes on from the first retained message. The state stays
 /// intact across a failure (a NATS restart, a lost consumer), so resuming converges where exiting
 /// would not: every replica of a shard sees the same failure, and a replica that restarts finds
 /// no serving peer to load a snapshot from.
@@ -81,6 +108,7 @@ pub async fn consume_forever(
     start_seq: u64,
     mut control: mpsc::Receiver<Control>,
     metrics: Arc<IndexerMetrics>,
+    resync: Option<Resync>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let mut start_seq = start_seq;
@@ -98,7 +126,13 @@ pub async fn consume_forever(
         let error = match attempt.await {
             Ok(()) => return Ok(()),
             Err(error) if error.is::<LaneStopped>() => return Err(error),
-            Err(error) => error,
+            Err(error) => match error.downcast::<RetentionGap>() {
+                Ok(gap) => {
+                    start_seq = recover_gap(&state, resync.as_ref(), &gap, &metrics).await?;
+                    continue;
+                }
+                Err(error) => error,
+            },
         };
         metrics.stream_failures.inc();
         tracing::warn!(
@@ -130,6 +164,8 @@ async fn run_consumer(
     let stream_name = names::kv_stream_name(&config.namespace);
     // Without the tail a replica cannot tell when it caught up: fail and let the caller retry.
     let tail_at_start = events.last_sequence(&stream_name).await?;
+    check_retention(events, &stream_name, state, start_seq).await?;
+    let mut last_gap_check = tokio::time::Instant::now();
     let mut stream = events
         .consume(&stream_name, &config.filters, start_seq.max(1))
         .await?;
@@ -150,6 +186,16 @@ async fn run_consumer(
             },
             message = stream.next() => match message {
                 Some(Ok(message)) => {
+                    // A jump past the next sequence is normal (other partitions' messages), but
+                    // it is also what a consumer that silently skipped deleted messages shows.
+                    let expected = state.applied_seq() + 1;
+                    if state.applied_seq() > 0
+                        && message.sequence > expected
+                        && last_gap_check.elapsed() >= GAP_CHECK_INTERVAL
+                    {
+                        last_gap_check = tokio::time::Instant::now();
+                        check_retention(events, &stream_name, state, expected).await?;
+                    }
                     apply(state, message, metrics)?;
                     if state.state() == IndexerState::Loading {
                         if state.applied_seq() >= tail_at_start {
@@ -169,6 +215,62 @@ async fn run_consumer(
             }
         }
     }
+}
+
+/// Fails with [`RetentionGap`] when this replica holds state (it applied something) and the
+/// stream no longer holds `expected`, the next sequence it needs.
+async fn check_retention(
+    events: &dyn EventPlane,
+    stream_name: &str,
+    state: &ShardState,
+    expected: u64,
+) -> anyhow::Result<()> {
+    if state.applied_seq() == 0 {
+        return Ok(());
+    }
+    let first = events.first_sequence(stream_name).await?;
+    if first > expected {
+        return Err(RetentionGap { expected, first }.into());
+    }
+    Ok(())
+}
+
+/// Reloads the state from a peer after `gap` and returns the sequence to read from: the peer's
+/// snapshot sequence + 1, or the gap's first retained sequence when there is no peer or the peer
+/// is no further along (its partitions were quiet too): either way this replica then holds
+/// everything that can still be had.
+async fn recover_gap(
+    state: &Arc<ShardState>,
+    resync: Option<&Resync>,
+    gap: &RetentionGap,
+    metrics: &IndexerMetrics,
+) -> anyhow::Result<u64> {
+    metrics.retention_gaps.inc();
+    tracing::warn!(
+        expected = gap.expected,
+        first = gap.first,
+        "kv event stream retention passed this replica; resyncing"
+    );
+    if let Some(resync) = resync {
+        let previous = state.state();
+        state.set_state(IndexerState::Loading);
+        let snapshot =
+            crate::bootstrap::load_from_peer(resync.discovery.as_ref(), &resync.namespace, state)
+                .await?;
+        state.set_state(previous);
+        if let Some(seq) = snapshot {
+            tracing::info!(stream_seq = seq, "resynced from a peer's snapshot");
+            if seq + 1 >= gap.first {
+                return Ok(seq + 1);
+            }
+        }
+    }
+    tracing::warn!(
+        first = gap.first,
+        "no peer further along: the messages before the stream's first retained one are lost"
+    );
+    state.set_applied_seq(state.applied_seq().max(gap.first - 1));
+    Ok(gap.first)
 }
 
 /// The model a KV subject `kvmesh.{ns}.kv.{model}.{partition}` carries.
@@ -289,5 +391,72 @@ mod tests {
         );
         assert_eq!(model_of_subject("kvmesh.ns.load.m"), None);
         assert_eq!(model_of_subject("short"), None);
+    }
+
+    /// A replica that resumes after retention deleted messages it had not read notices the gap
+    /// (first retained sequence past the one it expects), counts it, and without a peer goes on
+    /// from the first retained message.
+    #[tokio::test]
+    async fn a_retention_gap_is_detected_and_counted() {
+        use kvmesh_runtime::event_plane::StreamConfig;
+        use kvmesh_runtime::event_plane::mem::MemEventPlane;
+        let events = Arc::new(MemEventPlane::new());
+        let stream = names::kv_stream_name("ns");
+        events
+            .ensure_stream(&StreamConfig {
+                name: stream.clone(),
+                subjects: names::kv_stream_subjects("ns"),
+                max_age: Duration::from_millis(200),
+                duplicate_window: Duration::from_millis(200),
+            })
+            .await
+            .unwrap();
+        let subject = names::kv_subject("ns", "m", 0);
+        for id in 0..3 {
+            events
+                .publish_durable(
+                    &subject,
+                    &format!("old{id}"),
+                    bytes::Bytes::from_static(b"x"),
+                )
+                .await
+                .unwrap();
+        }
+        // The replica applied sequence 1, then fell behind while 2 and 3 aged out.
+        let state = Arc::new(ShardState::new(
+            crate::shard::ShardLayout::striped(0, 1, 1),
+            1,
+        ));
+        state.set_applied_seq(1);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        events
+            .publish_durable(&subject, "new", bytes::Bytes::from_static(b"x"))
+            .await
+            .unwrap();
+        assert_eq!(events.first_sequence(&stream).await.unwrap(), 4);
+        let metrics = Arc::new(IndexerMetrics::new().unwrap());
+        let (_control_tx, control_rx) = mpsc::channel(1);
+        let shutdown = CancellationToken::new();
+        let consumer = tokio::spawn(consume_forever(
+            state.clone(),
+            events.clone(),
+            ConsumerConfig {
+                namespace: "ns".into(),
+                filters: vec![names::kv_partition_filter("ns", 0)],
+            },
+            2,
+            control_rx,
+            metrics.clone(),
+            None,
+            shutdown.clone(),
+        ));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while state.applied_seq() < 4 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(state.applied_seq(), 4);
+        assert_eq!(metrics.retention_gaps.get(), 1);
+        shutdown.cancel();
+        consumer.await.unwrap().unwrap();
     }
 }

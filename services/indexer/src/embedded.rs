@@ -62,8 +62,10 @@ pub async fn start(
             // control channel stays open.
             let (_control_tx, control_rx) = mpsc::channel(1);
             let namespace = config.namespace.clone();
-            if let Err(error) =
-                consume_forever(state, events, config, 1, control_rx, metrics, shutdown).await
+            if let Err(error) = consume_forever(
+                state, events, config, 1, control_rx, metrics, None, shutdown,
+            )
+            .await
             {
                 tracing::error!(%namespace, %error, "embedded index stopped indexing");
             }

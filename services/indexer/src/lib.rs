@@ -191,6 +191,10 @@ pub async fn run(
         start_seq,
         control_rx,
         metrics.clone(),
+        Some(consumer::Resync {
+            discovery: discovery.clone(),
+            namespace: namespace.clone(),
+        }),
         lifecycle.stop_token(),
     );
     lifecycle.spawn(consumer);

@@ -34,6 +34,8 @@ pub struct IndexerMetrics {
     pub malformed: IntCounter,
     /// Times the event stream failed and consumption resumed.
     pub stream_failures: IntCounter,
+    /// Times retention deleted messages before this replica read them (and it resynced).
+    pub retention_gaps: IntCounter,
     seen: Mutex<HashMap<(String, &'static str, &'static str), u64>>,
     seen_gaps: Mutex<u64>,
 }
@@ -89,6 +91,11 @@ impl IndexerMetrics {
             "times the kv event stream failed and was resumed",
         )?;
         registry.register(Box::new(stream_failures.clone()))?;
+        let retention_gaps = IntCounter::new(
+            "kvmesh_indexer_retention_gaps_total",
+            "times stream retention deleted messages this replica had not read (it then resyncs from a peer)",
+        )?;
+        registry.register(Box::new(retention_gaps.clone()))?;
         registry.register(Box::new(events_applied.clone()))?;
         registry.register(Box::new(event_gaps.clone()))?;
         registry.register(Box::new(blocks.clone()))?;
@@ -114,6 +121,7 @@ impl IndexerMetrics {
             find_matches_seconds,
             malformed,
             stream_failures,
+            retention_gaps,
             seen: Mutex::new(HashMap::new()),
             seen_gaps: Mutex::new(0),
         })

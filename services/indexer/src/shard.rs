@@ -111,6 +111,12 @@ impl ShardState {
             .unwrap_or_default()
     }
 
+    /// Forgets every model and the applied sequence, before a snapshot replaces the state.
+    pub fn clear(&self) {
+        self.models.store(Arc::new(HashMap::new()));
+        self.set_applied_seq(0);
+    }
+
     /// Last stream sequence applied.
     pub fn applied_seq(&self) -> u64 {
         self.applied_seq.load(Ordering::Acquire)

@@ -205,6 +205,11 @@ where
         assert_eq!(sequence, index + 1, "sequences are consecutive from 1");
     }
     assert_eq!(plane.last_sequence(&scope.stream).await?, 20);
+    assert_eq!(
+        plane.first_sequence(&scope.stream).await?,
+        1,
+        "nothing aged out yet"
+    );
     plane.ensure_stream(&scope.stream_config()).await?;
     assert_eq!(
         plane.last_sequence(&scope.stream).await?,
@@ -442,5 +447,6 @@ where
     );
     assert!(plane.consume(&scope.stream, &[], 1).await.is_err());
     assert!(plane.last_sequence(&scope.stream).await.is_err());
+    assert!(plane.first_sequence(&scope.stream).await.is_err());
     Ok(())
 }

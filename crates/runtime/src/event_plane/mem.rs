@@ -376,6 +376,19 @@ impl EventPlane for MemEventPlane {
             .map(|stream| stream.last_sequence)
             .ok_or_else(|| Error::EventPlane(format!("stream {stream} not found")))
     }
+
+    async fn first_sequence(&self, stream: &str) -> Result<u64> {
+        let mut state = self.lock();
+        let found = state
+            .streams
+            .get_mut(stream)
+            .ok_or_else(|| Error::EventPlane(format!("stream {stream} not found")))?;
+        found.prune(Instant::now());
+        Ok(found
+            .messages
+            .front()
+            .map_or(found.last_sequence + 1, |stored| stored.sequence))
+    }
 }
 
 /// State of one consumer: replays stored messages, then waits for new ones.

@@ -165,7 +165,12 @@ impl EventPlane for NatsEventPlane {
             retention: stream::RetentionPolicy::Limits,
             storage: stream::StorageType::File,
             max_age: config.max_age,
-            duplicate_window: config.duplicate_window,
+            // JetStream refuses a duplicate window longer than the retention.
+            duplicate_window: if config.max_age.is_zero() {
+                config.duplicate_window
+            } else {
+                config.duplicate_window.min(config.max_age)
+            },
             ..Default::default()
         };
         // Processes that start together race to create the stream: the loser's create can fail
@@ -261,6 +266,15 @@ impl EventPlane for NatsEventPlane {
             .await
             .map_err(|error| nats_error(&format!("stream {stream}"), error))?;
         Ok(found.cached_info().state.last_sequence)
+    }
+
+    async fn first_sequence(&self, stream: &str) -> Result<u64> {
+        let found = self
+            .jetstream
+            .get_stream(stream)
+            .await
+            .map_err(|error| nats_error(&format!("stream {stream}"), error))?;
+        Ok(found.cached_info().state.first_sequence)
     }
 }
 
