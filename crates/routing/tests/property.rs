@@ -35,6 +35,8 @@ struct Knobs {
     temperature: bool,
     shared_prefixes: bool,
     pins: bool,
+    /// Failing workers ejected (the default); requests end by random paths, failures included.
+    ejection: bool,
 }
 
 impl Knobs {
@@ -57,12 +59,18 @@ impl Knobs {
             temperature: bits[9],
             shared_prefixes: bits[10],
             pins: bits[11],
+            ejection: true,
         }
     }
 
-    /// Identical idle workers and independent requests: the balance scenario.
+    /// Identical idle workers and independent requests: the balance scenario. Requests end by
+    /// random paths, worker failures among them, which would eject healthy workers at random:
+    /// ejection is off here (its own tests are in `faults.rs`).
     fn balanced(mode: usize, workers: u64) -> Self {
-        Self::from_bits(mode, workers, &[false; 12])
+        Self {
+            ejection: false,
+            ..Self::from_bits(mode, workers, &[false; 12])
+        }
     }
 
     fn config(&self) -> RouterConfig {
@@ -76,6 +84,9 @@ impl Knobs {
         config.queue_threshold = self.queue.then_some(1.0);
         config.session_affinity_ttl = self.sessions.map(|_| Duration::from_secs(10));
         config.session_affinity_mode = self.sessions.unwrap_or_default();
+        if !self.ejection {
+            config.ejection.consecutive_failures = 0;
+        }
         if self.busy {
             config.busy = BusyThresholds {
                 active_decode_blocks_threshold: Some(0.9),

@@ -63,6 +63,8 @@ pub struct ConsumerConfig {
     pub namespace: String,
     /// Subject filters, one per owned partition.
     pub filters: Vec<String>,
+    /// Where to reload the state after a retention gap (`None`: read on, the gap counted).
+    pub resync: Option<Resync>,
 }
 
 /// Longest wait between attempts to resume a failed event stream.
@@ -82,6 +84,14 @@ pub struct Resync {
     pub namespace: String,
 }
 
+impl std::fmt::Debug for Resync {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resync")
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Messages the shard expected were deleted by retention before it read them: from `expected`
 /// on, the stream now starts at `first`.
 #[derive(Debug, thiserror::Error)]
@@ -96,9 +106,9 @@ struct RetentionGap {
 /// Consumes the shard's events from `start_seq` until `shutdown` (or until every control sender
 /// is gone), resuming after the last applied sequence whenever the stream fails; fails only when
 /// the shard can no longer index ([`LaneStopped`]). When retention deleted messages the replica
-/// had not read, it reloads a peer's snapshot through `resync` (docs/indexer.md, "Retention
-/// gaps"); without a peer it counts the gap and goes on from the first retained message. The state stays
-/// intact across a failure (a NATS restart, a lost consumer), so resuming converges where exiting
+/// had not read, it reloads a peer's snapshot through `config.resync` (docs/indexer.md,
+/// "Retention gaps"); without a peer it counts the gap and goes on from the first retained
+/// message. The state stays intact across a failure (a NATS restart, a lost consumer), so resuming converges where exiting
 /// would not: every replica of a shard sees the same failure, and a replica that restarts finds
 /// no serving peer to load a snapshot from.
 pub async fn consume_forever(
@@ -108,7 +118,6 @@ pub async fn consume_forever(
     start_seq: u64,
     mut control: mpsc::Receiver<Control>,
     metrics: Arc<IndexerMetrics>,
-    resync: Option<Resync>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let mut start_seq = start_seq;
@@ -128,7 +137,7 @@ pub async fn consume_forever(
             Err(error) if error.is::<LaneStopped>() => return Err(error),
             Err(error) => match error.downcast::<RetentionGap>() {
                 Ok(gap) => {
-                    start_seq = recover_gap(&state, resync.as_ref(), &gap, &metrics).await?;
+                    start_seq = recover_gap(&state, config.resync.as_ref(), &gap, &metrics).await?;
                     continue;
                 }
                 Err(error) => error,
@@ -443,11 +452,11 @@ mod tests {
             ConsumerConfig {
                 namespace: "ns".into(),
                 filters: vec![names::kv_partition_filter("ns", 0)],
+                resync: None,
             },
             2,
             control_rx,
             metrics.clone(),
-            None,
             shutdown.clone(),
         ));
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);

@@ -55,6 +55,8 @@ pub async fn start(
         let config = ConsumerConfig {
             namespace: namespace.to_string(),
             filters,
+            // No peer to ask: a gap is counted and the index reads on.
+            resync: None,
         };
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
@@ -62,10 +64,8 @@ pub async fn start(
             // control channel stays open.
             let (_control_tx, control_rx) = mpsc::channel(1);
             let namespace = config.namespace.clone();
-            if let Err(error) = consume_forever(
-                state, events, config, 1, control_rx, metrics, None, shutdown,
-            )
-            .await
+            if let Err(error) =
+                consume_forever(state, events, config, 1, control_rx, metrics, shutdown).await
             {
                 tracing::error!(%namespace, %error, "embedded index stopped indexing");
             }

@@ -187,14 +187,14 @@ pub async fn run(
                 .iter()
                 .map(|p| names::kv_partition_filter(&namespace, *p))
                 .collect(),
+            resync: Some(consumer::Resync {
+                discovery: discovery.clone(),
+                namespace: namespace.clone(),
+            }),
         },
         start_seq,
         control_rx,
         metrics.clone(),
-        Some(consumer::Resync {
-            discovery: discovery.clone(),
-            namespace: namespace.clone(),
-        }),
         lifecycle.stop_token(),
     );
     lifecycle.spawn(consumer);
