@@ -6,6 +6,7 @@ pub mod connect;
 pub mod discovery;
 pub mod error;
 pub mod event_plane;
+pub mod fuzzing;
 pub mod kv_publish;
 pub mod lifecycle;
 pub mod names;

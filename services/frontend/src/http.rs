@@ -7,6 +7,7 @@ mod completions;
 mod embeddings;
 pub(crate) mod endpoint;
 mod extensions;
+pub mod fuzzing;
 pub(crate) use endpoint::ResponseHeaders;
 mod infra;
 pub(crate) mod openai_shared;

@@ -11,6 +11,7 @@ pub mod choices;
 pub mod completion;
 mod edge;
 pub mod error;
+pub mod fuzzing;
 pub mod generate;
 pub mod hints;
 pub mod http;

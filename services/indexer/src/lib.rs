@@ -10,6 +10,7 @@ pub mod client;
 pub mod consumer;
 pub mod convert;
 pub mod embedded;
+pub mod fuzzing;
 pub mod local;
 pub mod markers;
 pub mod metrics;

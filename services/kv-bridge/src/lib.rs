@@ -12,6 +12,7 @@
 //! and skipped.
 
 pub mod convert;
+pub mod fuzzing;
 pub mod metrics;
 pub mod opts;
 pub mod publish;

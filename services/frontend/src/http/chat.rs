@@ -278,9 +278,7 @@ pub(crate) async fn start(
     } = arrival;
     let stream = request.is_stream();
     early.parsed(state, &request.model, stream);
-    request.validate()?;
-    let sampling = request.sampling_options();
-    check_supported(&sampling)?;
+    let sampling = check(request)?;
     let entry = find_model(&state.models, &request.model)?;
     early.is_scoped = true;
     let scope = RequestScope::new(state, &entry, endpoint, stream)?;
@@ -320,6 +318,17 @@ pub(crate) async fn start(
                 .map(|started| started.map_deltas(Either::Right))
         }
     }
+}
+
+/// The checks of a chat request that need no model: its fields, then the options this release
+/// cannot honour; the sampling options it asks for.
+pub(crate) fn check(
+    request: &ChatCompletionRequest,
+) -> Result<kvmesh_llm::openai::SamplingOptions, FrontendError> {
+    request.validate()?;
+    let sampling = request.sampling_options();
+    check_supported(&sampling)?;
+    Ok(sampling)
 }
 
 /// What the built-in path takes from the arrival.

@@ -69,7 +69,7 @@ pub fn prepare(
         let text = std::mem::take(&mut inputs.text);
         let completion = tensors::completion_request(&request, text, inputs.streaming)?;
         let sampling = completion::check(&completion)?;
-        let hints = routing_hints(state, &request)?;
+        let hints = tensors::routing_hints(&request, state.settings.disable_nvext)?;
         Ok((entry, inputs, completion, sampling, hints))
     })();
     match prepared {
@@ -88,36 +88,6 @@ pub fn prepare(
             Err(error)
         }
     }
-}
-
-/// Routing pins, priority and session from request parameters named like the HTTP edge's
-/// headers (`x-dynamo-worker-instance-id`, `x-dynamo-request-priority`, …); integer and string
-/// values are both accepted.
-fn routing_hints(
-    state: &AppState,
-    request: &ModelInferRequest,
-) -> Result<RoutingHints, FrontendError> {
-    let values: Vec<(&str, String)> = request
-        .parameters
-        .iter()
-        .filter(|(key, _)| key.starts_with("x-"))
-        .filter_map(|(key, value)| {
-            let text = match value.parameter_choice.as_ref()? {
-                ParameterChoice::StringParam(text) => text.clone(),
-                ParameterChoice::Int64Param(n) => n.to_string(),
-                ParameterChoice::Uint64Param(n) => n.to_string(),
-                ParameterChoice::BoolParam(_) | ParameterChoice::DoubleParam(_) => return None,
-            };
-            Some((key.as_str(), text))
-        })
-        .collect();
-    let mut hints = RoutingHints::default();
-    crate::hints::apply_headers(
-        &mut hints,
-        values.iter().map(|(key, text)| (*key, text.as_str())),
-        state.settings.disable_nvext,
-    )?;
-    Ok(hints)
 }
 
 /// What a request's responses are built from: its model and id, its contents form and the

@@ -11,6 +11,8 @@ use kvmesh_proto::inference::{
     InferParameter, InferTensorContents, ModelInferRequest, ModelInferResponse,
 };
 
+use kvmesh_routing::RoutingHints;
+
 use crate::error::FrontendError;
 use crate::generate::TokenUsage;
 
@@ -192,6 +194,37 @@ pub fn completion_request(
         }
     }
     Ok(completion)
+}
+
+/// Routing pins, priority and session from request parameters named like the HTTP edge's
+/// headers (`x-dynamo-worker-instance-id`, `x-dynamo-request-priority`, …); integer and string
+/// values are both accepted.
+/// With `is_nvext_disabled` the pins and priority are ignored, as the headers are.
+pub fn routing_hints(
+    request: &ModelInferRequest,
+    is_nvext_disabled: bool,
+) -> Result<RoutingHints, FrontendError> {
+    let values: Vec<(&str, String)> = request
+        .parameters
+        .iter()
+        .filter(|(key, _)| key.starts_with("x-"))
+        .filter_map(|(key, value)| {
+            let text = match value.parameter_choice.as_ref()? {
+                ParameterChoice::StringParam(text) => text.clone(),
+                ParameterChoice::Int64Param(n) => n.to_string(),
+                ParameterChoice::Uint64Param(n) => n.to_string(),
+                ParameterChoice::BoolParam(_) | ParameterChoice::DoubleParam(_) => return None,
+            };
+            Some((key.as_str(), text))
+        })
+        .collect();
+    let mut hints = RoutingHints::default();
+    crate::hints::apply_headers(
+        &mut hints,
+        values.iter().map(|(key, text)| (*key, text.as_str())),
+        is_nvext_disabled,
+    )?;
+    Ok(hints)
 }
 
 fn integer(key: &str, value: &ParameterChoice) -> Result<i64, FrontendError> {
