@@ -75,9 +75,11 @@ pub fn encode_model_segment(name: &str) -> String {
 }
 
 /// Decodes a segment written by [`encode_model_segment`]; `None` if it is not valid encoding
-/// (a stray reserved character, a bad `%` escape or bytes that are not UTF-8).
+/// (a stray reserved character, a bad `%` escape or bytes that are not UTF-8) or not the one
+/// spelling the encoder writes (`%2f`, `%41`): a model key has exactly one form.
 pub fn decode_model_segment(segment: &str) -> Option<String> {
-    unescape(segment, b'%', is_unreserved)
+    let name = unescape(segment, b'%', is_unreserved)?;
+    (encode_model_segment(&name) == segment).then_some(name)
 }
 
 /// Encodes a namespace or model name as one NATS subject token (docs/kv-events.md, "Transport"):
@@ -200,12 +202,15 @@ impl ModelKey {
     }
 }
 
-/// Parses a lowercase-or-uppercase hex id of at most 16 digits.
+/// Parses an id written as [`instance_key`] writes it: lowercase hex without leading zeros. Any
+/// other spelling (`0A`, `00a`) is not a key, so that one record has exactly one key and a delete
+/// of one spelling cannot remove what another spelling registered.
 fn parse_hex_id(text: &str) -> Option<u64> {
     if text.is_empty() || text.len() > 16 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
-    u64::from_str_radix(text, 16).ok()
+    let id = u64::from_str_radix(text, 16).ok()?;
+    (format!("{id:x}") == text).then_some(id)
 }
 
 /// Splits `/kvmesh/{ns}/{kind}/...` into its segments after the root; `None` for any other key.
@@ -331,7 +336,14 @@ mod tests {
         for bad in ["%", "%2", "%zz", "a/b", "a b", "%FF", "%C3"] {
             assert_eq!(decode_model_segment(bad), None, "{bad}");
         }
-        assert_eq!(decode_model_segment("%2f").as_deref(), Some("/"));
+    }
+
+    #[test]
+    fn other_spellings_of_a_model_segment_are_rejected() {
+        // One name, one key: a lowercase escape or an escaped unreserved byte is not the encoding.
+        for other in ["%2f", "Qwen%2fQwen3", "%41", "a%2Db", "."] {
+            assert_eq!(decode_model_segment(other), None, "{other}");
+        }
     }
 
     #[test]
@@ -396,6 +408,9 @@ mod tests {
             "/kvmesh/ns/models/m%zz/1",
             "/kvmesh/ns/models//1",
             "/kvmesh/ns/models/m/1/extra",
+            "/kvmesh/ns/models/m/0a",
+            "/kvmesh/ns/models/m/A",
+            "/kvmesh/ns/models/m%2f/1",
             "/kvmesh/ns/instances/c/e",
             "/kvmesh//instances/c/e/1",
         ] {
