@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every kvmesh test: formatting, lints, Rust unit and integration tests (against a real etcd
 # and a real NATS server with JetStream, started here on private loopback ports unless
-# ETCD_ENDPOINTS / NATS_SERVER already point at running servers), and the Python client tests
+# ETCD_ENDPOINTS / NATS_SERVER already point at running servers), 30 s of fuzzing per fuzz target
+# (scripts/fuzz.sh), and the Python client tests
 # (official openai SDK against the real binaries).
 #
 # Needs: cargo, etcd, nats-server, python3 (CI installs them: see .ci/run).
@@ -48,6 +49,8 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo build --workspace --bins --locked
 cargo test --workspace --locked
+# Every fuzz target for 30 s from its committed corpus (the corpora were just replayed above).
+scripts/fuzz.sh
 
 venv=${KVMESH_VENV:-$root/.venv}
 if [ ! -x "$venv/bin/python" ]; then
