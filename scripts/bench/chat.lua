@@ -3,7 +3,10 @@
 --   BENCH_STREAM=1 wrk -t2 -c64 -d10s -s scripts/bench/chat.lua http://127.0.0.1:8000/v1/chat/completions
 -- Env: BENCH_MODEL (tiny), BENCH_MAX_TOKENS (16), BENCH_STREAM (0|1), BENCH_CLOSE (0|1: new
 -- connection per request), BENCH_BODIES (256 distinct prompts per thread, pre-formatted in init so
--- the per-request client cost is a table lookup).
+-- the per-request client cost is a table lookup), BENCH_RATE (0: closed loop; else the total
+-- requests per second over BENCH_THREADS threads, paced by a monotonic clock: each request takes
+-- the next slot of its thread's schedule and waits for it, so the rate holds whatever the latency
+-- while the connections keep up; scripts/bench/soak.sh uses it).
 -- Prompts mirror ../shared/bench/dynamo-reference/loadgen.py's "short" workload: "Request i: " plus
 -- 8 random words (31 prompt tokens with the tiny model's chat template), ignore_eos so every
 -- response has exactly max_tokens tokens.
@@ -13,6 +16,8 @@ local max_tokens = tonumber(os.getenv("BENCH_MAX_TOKENS") or "16")
 local stream = os.getenv("BENCH_STREAM") == "1"
 local close = os.getenv("BENCH_CLOSE") == "1"
 local nbodies = tonumber(os.getenv("BENCH_BODIES") or "256")
+local rate = tonumber(os.getenv("BENCH_RATE") or "0")
+local nthreads = tonumber(os.getenv("BENCH_THREADS") or "1")
 
 local WORDS = {}
 for w in ([[alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river mountain cloud
@@ -47,6 +52,32 @@ function init(args)
     local content = "Request " .. (tid * 100000 + i) .. ": " .. table.concat(ws, " ")
     local body = '{"model":"' .. model .. '","messages":[{"role":"user","content":"' .. content .. '"}' .. tail
     reqs[i] = wrk.format("POST", nil, headers, body)
+  end
+end
+
+if rate > 0 then
+  local ffi = require("ffi")
+  ffi.cdef [[
+    typedef struct { long tv_sec; long tv_nsec; } bench_timespec;
+    int clock_gettime(int clock_id, bench_timespec *tp);
+  ]]
+  local now_ts = ffi.new("bench_timespec")
+  local function now_ms()
+    ffi.C.clock_gettime(1, now_ts) -- CLOCK_MONOTONIC
+    return tonumber(now_ts.tv_sec) * 1000 + tonumber(now_ts.tv_nsec) / 1e6
+  end
+  local interval_ms = 1000 * nthreads / rate
+  local next_slot = nil
+
+  function delay()
+    local now = now_ms()
+    if next_slot == nil then next_slot = now end
+    -- A schedule that fell behind by more than a second restarts from now instead of bursting.
+    if next_slot < now - 1000 then next_slot = now end
+    local wait = next_slot - now
+    next_slot = next_slot + interval_ms
+    if wait < 0 then return 0 end
+    return wait
   end
 end
 
