@@ -17,6 +17,7 @@ mod guided;
 mod logprobs;
 mod models;
 mod nvext;
+mod prompt;
 mod sampling;
 mod tools;
 mod unsupported;
@@ -42,6 +43,7 @@ pub use error::{ErrorCodeValue, ErrorDetail, ErrorResponse, StreamErrorBody};
 pub use guided::{Guided, GuidedFields, MAX_GUIDED_CHOICES, guided_decoding};
 pub use logprobs::{ChatLogprob, ChatLogprobs, CompletionLogprobs, TopLogprob, TopLogprobMap};
 pub use models::{ModelList, ModelObject};
+pub use prompt::PROMPT_SHAPE;
 pub use sampling::{MAX_STOP_SEQUENCES, MAX_TOP_LOGPROBS, SamplingOptions, fit_max_tokens};
 pub use tools::{
     ChatTool, FunctionCall, FunctionCallDelta, FunctionDefinition, FunctionName, JsonSchemaFormat,

@@ -80,6 +80,17 @@ pub async fn start(
     StartedCompletion<impl Stream<Item = Result<TextDelta, FrontendError>> + Send + use<>>,
     FrontendError,
 > {
+    // A pre-tokenized prompt past the model's context is refused before it is copied.
+    let num_given_tokens = match &request.prompt {
+        Prompt::Tokens(tokens) => Some(tokens.len()),
+        Prompt::TokenBatches(batches) => batches.first().map(Vec::len),
+        Prompt::Text(_) | Prompt::Texts(_) => None,
+    };
+    if let Some(num_tokens) = num_given_tokens {
+        entry
+            .pipeline
+            .fit_max_tokens(num_tokens, sampling.max_tokens, "prompt")?;
+    }
     let prompt = match &request.prompt {
         Prompt::Text(text) => entry.pipeline.text_prompt(text, &mut timer).await?,
         Prompt::Texts(texts) => {

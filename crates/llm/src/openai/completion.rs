@@ -9,6 +9,7 @@ use super::common::{
     FinishReason, Stop, StreamOptions, TextCompletionObject, Usage, double_option,
 };
 use super::logprobs::CompletionLogprobs;
+pub use super::prompt::Prompt;
 use super::tools::ResponseFormat;
 use crate::error::LlmError;
 
@@ -143,52 +144,6 @@ impl CompletionRequest {
     pub fn include_usage(&self) -> bool {
         self.stream_options
             .is_some_and(|options| options.include_usage)
-    }
-}
-
-/// The `prompt` of a completions request.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(untagged)]
-pub enum Prompt {
-    /// One text prompt.
-    Text(String),
-    /// Several text prompts; each gets `n` choices.
-    Texts(Vec<String>),
-    /// One pre-tokenized prompt.
-    Tokens(Vec<u32>),
-    /// Several pre-tokenized prompts.
-    TokenBatches(Vec<Vec<u32>>),
-}
-
-impl Default for Prompt {
-    fn default() -> Self {
-        Self::Text(String::new())
-    }
-}
-
-impl Prompt {
-    /// Number of prompts.
-    pub fn len(&self) -> usize {
-        match self {
-            Self::Text(_) | Self::Tokens(_) => 1,
-            Self::Texts(texts) => texts.len(),
-            Self::TokenBatches(batches) => batches.len(),
-        }
-    }
-
-    /// Whether there is no prompt at all.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Whether some prompt is empty (no text or no tokens).
-    pub fn has_empty_prompt(&self) -> bool {
-        match self {
-            Self::Text(text) => text.is_empty(),
-            Self::Tokens(tokens) => tokens.is_empty(),
-            Self::Texts(texts) => texts.iter().any(String::is_empty),
-            Self::TokenBatches(batches) => batches.iter().any(Vec::is_empty),
-        }
     }
 }
 

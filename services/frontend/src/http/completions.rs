@@ -6,7 +6,7 @@ use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
 use kvmesh_llm::openai::{
     CompletionChoice, CompletionChunk, CompletionChunkChoice, CompletionLogprobs,
-    CompletionRequest, CompletionResponse, FinishReason, TextCompletionObject, Usage,
+    CompletionRequest, CompletionResponse, FinishReason, PROMPT_SHAPE, TextCompletionObject, Usage,
 };
 use serde_json::Value;
 
@@ -43,50 +43,19 @@ impl Endpoint for Completions {
     }
 }
 
-fn check_prompt_shape(body: &Value) -> Result<(), FrontendError> {
-    let valid = match body.get("prompt") {
-        None => {
-            return Err(FrontendError::invalid(
-                "missing field `prompt`",
-                Some("prompt"),
-            ));
-        }
-        Some(Value::String(_)) => true,
-        Some(Value::Array(items)) => {
-            items.iter().all(Value::is_string)
-                || items
-                    .iter()
-                    .all(|v| v.as_u64().is_some_and(|n| n <= u64::from(u32::MAX)))
-                || items.iter().all(|v| {
-                    v.as_array().is_some_and(|inner| {
-                        inner
-                            .iter()
-                            .all(|t| t.as_u64().is_some_and(|n| n <= u64::from(u32::MAX)))
-                    })
-                })
-        }
-        Some(_) => false,
-    };
-    if valid {
-        Ok(())
-    } else {
-        Err(FrontendError::invalid(
-            "prompt must be a string, a list of strings, a list of token ids, or a list of token id lists",
-            Some("prompt"),
-        ))
-    }
-}
-
-/// The typed request straight from the body; only a body that does not parse is read again as a
-/// JSON value, to say precisely what is wrong with it.
+/// The typed request straight from the body, in memory proportional to it (no JSON value tree
+/// in between, even for a body that does not parse). A prompt of the wrong shape, or none, is
+/// named as the failing parameter.
 fn parse_request(body: &[u8]) -> Result<CompletionRequest, FrontendError> {
-    if let Ok(request) = serde_json::from_slice::<CompletionRequest>(body) {
-        return Ok(request);
-    }
-    let value: Value = parse_json(body)?;
-    check_prompt_shape(&value)?;
-    serde_json::from_value(value)
-        .map_err(|e| FrontendError::invalid(format!("invalid request: {e}"), None))
+    parse_json(body).map_err(|error| {
+        if error.to_string().contains(PROMPT_SHAPE) {
+            FrontendError::invalid(format!("prompt {PROMPT_SHAPE}"), Some("prompt"))
+        } else if error.to_string().contains("missing field `prompt`") {
+            FrontendError::invalid("missing field `prompt`", Some("prompt"))
+        } else {
+            error
+        }
+    })
 }
 
 async fn serve(
