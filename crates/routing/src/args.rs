@@ -257,6 +257,20 @@ pub struct RouterArgs {
     )]
     pub router_queue_policy: QueuePolicy,
 
+    /// Most requests parked in the queue; past it a request is refused as overloaded (kvmesh
+    /// addition).
+    #[arg(long, env = "KVMESH_ROUTER_QUEUE_MAX_LEN", default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..))]
+    pub router_queue_max_len: u64,
+
+    /// Longest a request stays parked, in milliseconds; then it is refused as overloaded
+    /// (0 = no limit; kvmesh addition).
+    #[arg(
+        long,
+        env = "KVMESH_ROUTER_QUEUE_MAX_WAIT_MS",
+        default_value_t = 60_000
+    )]
+    pub router_queue_max_wait_ms: u64,
+
     /// Busy when KV usage exceeds this fraction of total_kv_blocks (0–1, or None).
     #[arg(long, env = "DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD", value_parser = nullable_fraction, allow_negative_numbers = true)]
     pub active_decode_blocks_threshold: Option<Nullable<f64>>,
@@ -371,6 +385,9 @@ impl RouterArgs {
             },
             queue_threshold: self.router_queue_threshold,
             queue_policy: self.router_queue_policy,
+            queue_max_len: usize::try_from(self.router_queue_max_len).unwrap_or(usize::MAX),
+            queue_max_wait: (self.router_queue_max_wait_ms > 0)
+                .then(|| Duration::from_millis(self.router_queue_max_wait_ms)),
             session_affinity_ttl: self
                 .router_session_affinity_ttl_secs
                 .map(|secs| Duration::from_secs(u64::from(secs))),

@@ -104,6 +104,11 @@ fn flags_and_environment_names_match_the_spec() {
         ),
         ("router-queue-threshold", "DYN_ROUTER_QUEUE_THRESHOLD"),
         ("router-queue-policy", "DYN_ROUTER_QUEUE_POLICY"),
+        ("router-queue-max-len", "KVMESH_ROUTER_QUEUE_MAX_LEN"),
+        (
+            "router-queue-max-wait-ms",
+            "KVMESH_ROUTER_QUEUE_MAX_WAIT_MS",
+        ),
         (
             "active-decode-blocks-threshold",
             "DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD",
@@ -139,6 +144,32 @@ fn flags_and_environment_names_match_the_spec() {
         );
     }
     kvmesh_core::flags::check_unique_env(&command).unwrap();
+}
+
+#[test]
+fn queue_bounds_default_to_production_limits_and_zero_wait_means_none() {
+    let config = parse(&[]).unwrap();
+    assert_eq!(config.queue_max_len, crate::config::DEFAULT_QUEUE_MAX_LEN);
+    assert_eq!(
+        config.queue_max_wait,
+        Some(crate::config::DEFAULT_QUEUE_MAX_WAIT)
+    );
+    let config = parse(&[
+        "--router-queue-max-len",
+        "7",
+        "--router-queue-max-wait-ms",
+        "250",
+    ])
+    .unwrap();
+    assert_eq!(config.queue_max_len, 7);
+    assert_eq!(config.queue_max_wait, Some(Duration::from_millis(250)));
+    assert_eq!(
+        parse(&["--router-queue-max-wait-ms", "0"])
+            .unwrap()
+            .queue_max_wait,
+        None
+    );
+    assert!(parse(&["--router-queue-max-len", "0"]).is_err());
 }
 
 #[test]

@@ -32,6 +32,14 @@ pub enum RouterMode {
     DeviceAwareWeighted,
 }
 
+/// Default of `--router-queue-max-len`: room for bursts far above any worker's batch, small
+/// enough that parked prompts cannot exhaust memory.
+pub const DEFAULT_QUEUE_MAX_LEN: usize = 4096;
+
+/// Default of `--router-queue-max-wait-ms`: a client is told the mesh is overloaded rather than
+/// kept waiting longer than this.
+pub const DEFAULT_QUEUE_MAX_WAIT: Duration = Duration::from_secs(60);
+
 /// Order in which parked requests leave the queue (docs/routing.md, "Queue").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -212,6 +220,10 @@ pub struct RouterConfig {
     pub queue_threshold: Option<f64>,
     /// Queue order.
     pub queue_policy: QueuePolicy,
+    /// Most parked requests; a request that would park past it is refused as overloaded.
+    pub queue_max_len: usize,
+    /// Longest a request stays parked before it is refused as overloaded; `None` = no limit.
+    pub queue_max_wait: Option<Duration>,
     /// Idle TTL of session bindings; `None` = session affinity off.
     pub session_affinity_ttl: Option<Duration>,
     /// Binding strictness.
@@ -234,6 +246,8 @@ impl Default for RouterConfig {
             busy: BusyThresholds::default(),
             queue_threshold: None,
             queue_policy: QueuePolicy::Fcfs,
+            queue_max_len: DEFAULT_QUEUE_MAX_LEN,
+            queue_max_wait: Some(DEFAULT_QUEUE_MAX_WAIT),
             session_affinity_ttl: None,
             session_affinity_mode: SessionAffinityMode::Hard,
             min_initial_workers: 0,
@@ -354,6 +368,11 @@ impl RouterConfig {
                 "--router-queue-threshold (DYN_ROUTER_QUEUE_THRESHOLD)",
                 threshold,
             )?;
+        }
+        if self.queue_max_len == 0 {
+            return Err(ConfigError(
+                "--router-queue-max-len (KVMESH_ROUTER_QUEUE_MAX_LEN): must be >= 1".into(),
+            ));
         }
         if self.session_affinity_ttl.is_some_and(|ttl| ttl.is_zero()) {
             return Err(ConfigError(

@@ -19,6 +19,8 @@ pub(crate) struct Parked {
     pub overlap: Option<OverlapScores>,
     /// When the overlap above was read.
     pub queried_at: Duration,
+    /// When the request parked, for `--router-queue-max-wait-ms`.
+    pub parked_at: Duration,
 }
 
 /// Total order on f64 keys (NaN never occurs; `total_cmp` keeps the map sound regardless).
@@ -45,11 +47,12 @@ impl Ord for Key {
 /// Highest `(strict_priority, key)` first, then arrival order.
 pub(crate) type Slot = (Reverse<u32>, Reverse<Key>, u64);
 
-/// Parked requests in policy order.
+/// Parked requests in policy order, and in arrival order for the wait limit.
 #[derive(Debug, Default)]
 pub(crate) struct Queue {
     entries: BTreeMap<Slot, Parked>,
     by_ticket: HashMap<Ticket, Slot>,
+    by_arrival: BTreeMap<(Duration, u64), Slot>,
     next_seq: u64,
 }
 
@@ -75,27 +78,46 @@ impl Queue {
     pub fn push(&mut self, strict_priority: u32, key: f64, parked: Parked) {
         let slot = (Reverse(strict_priority), Reverse(Key(key)), self.next_seq);
         self.next_seq += 1;
-        self.by_ticket.insert(parked.ticket, slot);
-        self.entries.insert(slot, parked);
+        self.insert(slot, parked);
     }
 
     /// Removes the head with its place, so it can be put back unchanged if it cannot go yet.
     pub fn pop_with_slot(&mut self) -> Option<(Slot, Parked)> {
         let (slot, parked) = self.entries.pop_first()?;
         self.by_ticket.remove(&parked.ticket);
+        self.by_arrival.remove(&(parked.parked_at, slot.2));
         Some((slot, parked))
     }
 
     /// Puts back a request taken with [`Self::pop_with_slot`] at its old place.
     pub fn reinsert(&mut self, slot: Slot, parked: Parked) {
-        self.by_ticket.insert(parked.ticket, slot);
-        self.entries.insert(slot, parked);
+        self.insert(slot, parked);
     }
 
     /// Removes a parked request (client disconnect).
     pub fn remove(&mut self, ticket: Ticket) -> Option<Parked> {
         let slot = self.by_ticket.remove(&ticket)?;
-        self.entries.remove(&slot)
+        let parked = self.entries.remove(&slot)?;
+        self.by_arrival.remove(&(parked.parked_at, slot.2));
+        Some(parked)
+    }
+
+    /// Removes the longest-parked request if it parked at or before `cutoff`.
+    pub fn pop_parked_before(&mut self, cutoff: Duration) -> Option<Parked> {
+        let (&(parked_at, _), &slot) = self.by_arrival.first_key_value()?;
+        if parked_at > cutoff {
+            return None;
+        }
+        self.by_arrival.pop_first();
+        let parked = self.entries.remove(&slot)?;
+        self.by_ticket.remove(&parked.ticket);
+        Some(parked)
+    }
+
+    fn insert(&mut self, slot: Slot, parked: Parked) {
+        self.by_ticket.insert(parked.ticket, slot);
+        self.by_arrival.insert((parked.parked_at, slot.2), slot);
+        self.entries.insert(slot, parked);
     }
 
     /// Parked requests.

@@ -108,6 +108,81 @@ async fn dropping_a_queued_request_removes_it_or_frees_it() {
     assert_eq!(load(&router), (0, 0));
 }
 
+/// A router whose queue holds at most two requests for at most one second.
+fn bounded() -> (SharedRouter, Arc<ManualClock>) {
+    let mut config = RouterConfig::with_mode(RouterMode::Kv);
+    config.queue_threshold = Some(0.5);
+    config.queue_max_len = 2;
+    config.queue_max_wait = Some(Duration::from_secs(1));
+    let mut core = RouterCore::new(config, "m", 4, 3).unwrap();
+    core.upsert_worker(
+        WorkerInfo::new(1).with_runtime(RuntimeConfig {
+            max_num_batched_tokens: Some(100),
+            ..RuntimeConfig::default()
+        }),
+        Duration::ZERO,
+    );
+    let clock = Arc::new(ManualClock::new(Duration::ZERO));
+    (SharedRouter::new(core, clock.clone()), clock)
+}
+
+fn park(router: &SharedRouter, id: &str, tokens: &[u32]) -> QueuedRoute {
+    match router.try_route(&RouteRequest::new(id, tokens)) {
+        Ok(Admission::Queued(queued)) => queued,
+        other => panic!("expected {id} to park, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_full_queue_refuses_as_overloaded() {
+    let (router, _) = bounded();
+    let tokens: Vec<u32> = (0..80).collect();
+    let first = router
+        .route(&RouteRequest::new("a", &tokens))
+        .await
+        .unwrap();
+    let b = park(&router, "b", &tokens);
+    let c = park(&router, "c", &tokens);
+    let refused = router.try_route(&RouteRequest::new("d", &tokens));
+    assert!(
+        matches!(refused, Err(RouteError::Overloaded)),
+        "{refused:?}"
+    );
+    assert_eq!(router.queue_len(), 2);
+    assert_eq!(load(&router), (1, 1), "the refused request holds no load");
+    // Room again once the head leaves.
+    first.first_token();
+    let second = b.await.unwrap();
+    let e = park(&router, "e", &tokens);
+    drop((second, c, e, first));
+    assert_eq!(router.queue_len(), 0);
+    assert_eq!(load(&router), (0, 0));
+}
+
+#[tokio::test]
+async fn a_request_parked_past_the_wait_limit_is_refused_without_leaking_load() {
+    let (router, clock) = bounded();
+    let tokens: Vec<u32> = (0..80).collect();
+    let first = router
+        .route(&RouteRequest::new("a", &tokens))
+        .await
+        .unwrap();
+    let b = park(&router, "b", &tokens);
+    clock.advance(Duration::from_millis(600));
+    let c = park(&router, "c", &tokens);
+    clock.advance(Duration::from_millis(500));
+    router.tick();
+    assert!(matches!(b.await, Err(RouteError::Overloaded)));
+    assert_eq!(router.queue_len(), 1, "c has waited 0.5 s only");
+    clock.advance(Duration::from_millis(600));
+    router.tick();
+    assert!(matches!(c.await, Err(RouteError::Overloaded)));
+    assert_eq!(router.queue_len(), 0);
+    assert_eq!(load(&router), (1, 1), "only the routed request is tracked");
+    drop(first);
+    assert_eq!(load(&router), (0, 0));
+}
+
 #[tokio::test]
 async fn the_clock_drives_expiry() {
     let (router, clock) = shared(false);

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use clap::ValueEnum;
 use kvmesh_routing::{
-    Admission, BusyThresholds, ManualClock, QueuedRoute, RankLoadSnapshot, Rng, RouteGuard,
+    Admission, BusyThresholds, Clock, ManualClock, QueuedRoute, RankLoadSnapshot, Rng, RouteGuard,
     RouteRequest, RouterConfig, RouterCore, RouterMode, RoutingHints, RuntimeConfig, SharedRouter,
     TerminalPath, WorkerInfo,
 };
@@ -20,6 +20,9 @@ use proptest::prelude::*;
 fn modes() -> &'static [RouterMode] {
     RouterMode::value_variants()
 }
+
+/// The wait limit of runs that set one.
+const QUEUE_MAX_WAIT: Duration = Duration::from_millis(100);
 
 fn router(
     mode: RouterMode,
@@ -32,6 +35,12 @@ fn router(
     config.session_affinity_ttl = bits[1].then(|| Duration::from_secs(5));
     config.kv.track_output_blocks = bits[2];
     config.kv.use_kv_events = !bits[3];
+    if bits[5] {
+        config.queue_max_len = 3;
+    }
+    if bits[6] {
+        config.queue_max_wait = Some(QUEUE_MAX_WAIT);
+    }
     if bits[4] {
         config.busy = BusyThresholds {
             active_prefill_tokens_threshold: Some(300),
@@ -66,14 +75,14 @@ proptest! {
     fn guards_release_on_every_path(
         mode in 0..modes().len(),
         workers in 1u64..=4,
-        bits in proptest::collection::vec(any::<bool>(), 5),
+        bits in proptest::collection::vec(any::<bool>(), 7),
         seed in any::<u64>(),
         steps in 100usize..800,
     ) {
         let (router, clock) = router(modes()[mode], workers, &bits, seed);
         let mut rng = Rng::new(seed);
         let mut guards: Vec<RouteGuard> = Vec::new();
-        let mut queued: Vec<QueuedRoute> = Vec::new();
+        let mut queued: Vec<(QueuedRoute, Duration)> = Vec::new();
         for step in 0..steps {
             clock.advance(Duration::from_millis(rng.below(20) as u64));
             match rng.below(10) {
@@ -89,7 +98,7 @@ proptest! {
                     let request = RouteRequest::new(format!("r{step}"), &tokens).with_hints(hints);
                     match router.try_route(&request) {
                         Ok(Admission::Routed(guard)) => guards.push(guard),
-                        Ok(Admission::Queued(q)) => queued.push(q),
+                        Ok(Admission::Queued(q)) => queued.push((q, clock.now())),
                         Err(_) => {}
                     }
                 }
@@ -108,12 +117,25 @@ proptest! {
                     let index = rng.below(queued.len());
                     if rng.below(4) == 0 {
                         drop(queued.swap_remove(index)); // client gone while parked
-                    } else if let Some(result) = poll(&mut queued[index]) {
+                    } else if let Some(result) = poll(&mut queued[index].0) {
                         queued.swap_remove(index);
                         guards.extend(result);
                     }
                 }
-                _ => router.tick(),
+                _ => {
+                    router.tick();
+                    // Past the wait limit, every waiter has its answer.
+                    let now = clock.now();
+                    for (q, parked_at) in &mut queued {
+                        if bits[6] && now.saturating_sub(*parked_at) > QUEUE_MAX_WAIT {
+                            prop_assert!(poll(q).is_some(), "parked past the wait limit");
+                        }
+                    }
+                    queued.retain(|(_, parked_at)| !(bits[6] && now.saturating_sub(*parked_at) > QUEUE_MAX_WAIT));
+                }
+            }
+            if bits[5] {
+                prop_assert!(router.queue_len() <= 3, "queue past its length limit");
             }
         }
         // Everything still held ends now: guards dropped or finished, waiters abandoned or served.
@@ -125,7 +147,7 @@ proptest! {
             if queued.is_empty() {
                 break;
             }
-            for mut q in queued.drain(..) {
+            for (mut q, _) in queued.drain(..) {
                 if let Some(result) = poll(&mut q) {
                     guards.extend(result);
                 } // a waiter still pending is dropped: it leaves the queue

@@ -80,6 +80,9 @@ impl RouterCore {
         if self.config.queue_threshold.is_some()
             && (!self.queue.is_empty() || self.all_full(&candidates))
         {
+            if self.queue.len() >= self.config.queue_max_len {
+                return Err(RouteError::Overloaded);
+            }
             let ticket = Ticket(self.next_ticket);
             self.next_ticket += 1;
             let best = candidates
@@ -105,6 +108,7 @@ impl RouterCore {
                     prepared,
                     overlap,
                     queried_at: now,
+                    parked_at: now,
                 },
             );
             return Ok(RouteOutcome::Queued(ticket));
@@ -116,6 +120,7 @@ impl RouterCore {
 
     /// Lets parked requests go, head first, while the head has a rank with capacity.
     pub(super) fn drain_queue(&mut self, now: Duration) {
+        self.expire_parked(now);
         while let Some((slot, parked)) = self.queue.pop_with_slot() {
             let eff = EffectiveKv::new(
                 &self.config.kv,
@@ -164,6 +169,25 @@ impl RouterCore {
                 ticket,
                 request_id: decision.request_id.clone(),
                 result: Ok(decision),
+            });
+        }
+    }
+
+    /// Refuses, as overloaded, every request parked longer than `--router-queue-max-wait-ms`.
+    /// A parked request holds no load yet, so nothing else is released.
+    fn expire_parked(&mut self, now: Duration) {
+        let Some(max_wait) = self.config.queue_max_wait else {
+            return;
+        };
+        let Some(cutoff) = now.checked_sub(max_wait) else {
+            return;
+        };
+        while let Some(parked) = self.queue.pop_parked_before(cutoff) {
+            tracing::debug!(request_id = %parked.prepared.request_id, "queue wait limit reached");
+            self.dispatched.push(Dispatched {
+                ticket: parked.ticket,
+                request_id: parked.prepared.request_id,
+                result: Err(RouteError::Overloaded),
             });
         }
     }
