@@ -47,6 +47,8 @@ pub mod env {
     pub const TCP_RPC_PORT: &str = "DYN_TCP_RPC_PORT";
     /// Largest message on the internal gRPC, bytes.
     pub const TCP_MAX_MESSAGE_SIZE: &str = "DYN_TCP_MAX_MESSAGE_SIZE";
+    /// Most concurrent gRPC streams per connection a server admits (kvmesh addition).
+    pub const TCP_MAX_CONCURRENT_STREAMS: &str = "KVMESH_TCP_MAX_CONCURRENT_STREAMS";
     /// Seconds allowed to connect to a peer's internal gRPC.
     pub const TCP_CONNECT_TIMEOUT: &str = "DYN_TCP_CONNECT_TIMEOUT";
     /// Seconds a worker may take to accept a request.
@@ -157,6 +159,11 @@ pub struct RuntimeOpts {
     #[arg(long, env = env::TCP_MAX_MESSAGE_SIZE, hide = true, default_value_t = 32 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(1024..=u32::MAX as u64))]
     pub tcp_max_message_size: u64,
 
+    /// Most concurrent streams one client connection may open on a gRPC server; a client past it
+    /// waits for a stream to end (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; kvmesh addition).
+    #[arg(long, env = env::TCP_MAX_CONCURRENT_STREAMS, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
+    pub tcp_max_concurrent_streams: u32,
+
     /// Seconds allowed to open a connection to a worker or another service.
     #[arg(long, env = env::TCP_CONNECT_TIMEOUT, hide = true, default_value_t = 3.0, value_parser = positive_seconds)]
     pub tcp_connect_timeout: f64,
@@ -194,6 +201,14 @@ impl RuntimeOpts {
             connect_timeout: std::time::Duration::from_secs_f64(self.tcp_connect_timeout),
             request_timeout: std::time::Duration::from_secs_f64(self.tcp_request_timeout),
             max_message_size: self.max_message_size(),
+            ..Default::default()
+        }
+    }
+
+    /// The settings every gRPC server of this process runs with (edge options aside).
+    pub fn grpc_server_settings(&self) -> crate::lifecycle::GrpcServerSettings {
+        crate::lifecycle::GrpcServerSettings {
+            max_concurrent_streams: Some(self.tcp_max_concurrent_streams),
             ..Default::default()
         }
     }

@@ -19,10 +19,15 @@ use crate::shutdown::Inflight;
 /// How long stopped tasks get to finish before the service gives up on them.
 pub const JOIN_LIMIT: Duration = Duration::from_secs(3);
 
-/// HTTP/2 and TLS settings of a gRPC server a service offers to clients outside the mesh (the
-/// KServe edge); unset fields keep the server defaults (1 MiB windows, plaintext).
+/// Most concurrent streams per connection of a server whose settings leave it unset.
+pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 4096;
+
+/// HTTP/2 and TLS settings of a gRPC server; unset fields keep the defaults (1 MiB windows,
+/// [`DEFAULT_MAX_CONCURRENT_STREAMS`], plaintext).
 #[derive(Debug, Clone, Default)]
 pub struct GrpcServerSettings {
+    /// Most concurrent streams one connection may open (`--tcp-max-concurrent-streams`).
+    pub max_concurrent_streams: Option<u32>,
     /// Initial connection-level flow-control window, in bytes.
     pub initial_connection_window_size: Option<u32>,
     /// Initial per-stream flow-control window, in bytes.
@@ -85,18 +90,12 @@ impl ServiceLifecycle {
             .spawn(async move { task.await.map_err(Into::into) });
     }
 
-    /// Serves `routes` over gRPC on `listener` (TCP_NODELAY on every accepted socket) until the
-    /// stop token fires.
+    /// Serves `routes` over gRPC on `listener` with the HTTP/2 and TLS settings of `settings`
+    /// until the stop token fires. Every server of the mesh runs this way: TCP_NODELAY on every
+    /// accepted socket, a pause after a failed accept instead of a retry loop, a stream limit
+    /// per connection, and HTTP/2 keepalive PINGs that close connections to clients that
+    /// stopped answering.
     pub fn serve_grpc(
-        &mut self,
-        listener: tokio::net::TcpListener,
-        routes: tonic::service::Routes,
-    ) {
-        self.serve_grpc_with(listener, routes, &GrpcServerSettings::default());
-    }
-
-    /// [`serve_grpc`](Self::serve_grpc) with the HTTP/2 and TLS settings of `settings`.
-    pub fn serve_grpc_with(
         &mut self,
         listener: tokio::net::TcpListener,
         routes: tonic::service::Routes,
@@ -107,6 +106,13 @@ impl ServiceLifecycle {
             .tcp_nodelay(true)
             .initial_connection_window_size(settings.initial_connection_window_size)
             .initial_stream_window_size(settings.initial_stream_window_size)
+            .max_concurrent_streams(
+                settings
+                    .max_concurrent_streams
+                    .unwrap_or(DEFAULT_MAX_CONCURRENT_STREAMS),
+            )
+            .http2_keepalive_interval(Some(crate::net::KEEPALIVE_INTERVAL))
+            .http2_keepalive_timeout(Some(crate::net::KEEPALIVE_TIMEOUT))
             .add_routes(routes);
         match &settings.tls {
             None => self.spawn(router.serve_with_incoming_shutdown(

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
+use futures::Stream;
 use tokio::net::{TcpListener, TcpStream};
 use tonic::transport::Endpoint;
 
@@ -44,18 +44,31 @@ pub fn mesh_endpoint(
         .keep_alive_while_idle(true))
 }
 
-/// Accepted connections of `listener` with `TCP_NODELAY` set.
+/// Pause after a failed `accept` (out of file descriptors, say) before the next one: tonic's
+/// server retries at once, which spins a core for as long as the failure lasts.
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// Accepted connections of `listener` with `TCP_NODELAY` set; a failed accept is logged and
+/// retried after [`ACCEPT_BACKOFF`], never passed on.
 ///
 /// tonic's `Server::tcp_nodelay` only applies to listeners tonic binds itself; servers that bind
 /// their own listener (to learn the port before registering) must set it on each accepted socket,
 /// or small streamed messages wait for delayed ACKs (about 40 ms each).
 pub fn nodelay_incoming(listener: TcpListener) -> impl Stream<Item = std::io::Result<TcpStream>> {
-    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|accepted| {
-        if let Ok(stream) = &accepted
-            && let Err(error) = stream.set_nodelay(true)
-        {
-            tracing::debug!(%error, "cannot set TCP_NODELAY");
+    futures::stream::unfold(listener, |listener| async move {
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    if let Err(error) = stream.set_nodelay(true) {
+                        tracing::debug!(%error, "cannot set TCP_NODELAY");
+                    }
+                    return Some((Ok(stream), listener));
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                }
+            }
         }
-        accepted
     })
 }

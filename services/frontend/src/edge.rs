@@ -1,15 +1,17 @@
 //! The frontend's listeners: binding them, serving HTTP on them in plaintext or over TLS, and
 //! the edge's TLS and key files, loaded at start and re-read while serving.
 
+mod serve;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
-use axum::serve::ListenerExt;
 use kvmesh_runtime::lifecycle::ServiceLifecycle;
 use kvmesh_runtime::reload::watch_files;
-use kvmesh_runtime::tls::{EdgeProtocol, EdgeTls, TlsConn};
+use kvmesh_runtime::tls::{EdgeProtocol, EdgeTls};
 
+pub(crate) use self::serve::ConnLimits;
 use crate::auth::{KeyKind, Keys};
 use crate::opts::HttpOpts;
 
@@ -39,66 +41,21 @@ pub(crate) async fn bind(
 }
 
 /// Serves `app` on `listener` until the lifecycle stops: over TLS when `tls` is set (HTTP/2 or
-/// HTTP/1.1 as ALPN chose), else in plaintext; TCP_NODELAY on every connection either way.
+/// HTTP/1.1 as ALPN chose), else in plaintext (TCP_NODELAY on every connection either way),
+/// within the connection limits of `limits`.
 pub(crate) fn serve_http(
     lifecycle: &mut ServiceLifecycle,
     listener: tokio::net::TcpListener,
     app: axum::Router,
     tls: Option<&Arc<EdgeTls>>,
+    limits: ConnLimits,
 ) {
     let stop = lifecycle.stop_token();
     match tls {
-        None => {
-            let listener = listener.tap_io(|stream| {
-                if let Err(error) = stream.set_nodelay(true) {
-                    tracing::debug!(%error, "cannot set TCP_NODELAY");
-                }
-            });
-            lifecycle.spawn(async move {
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(stop.cancelled_owned())
-                    .await
-            });
-        }
+        None => lifecycle.spawn(serve::serve(listener, app, limits, stop)),
         Some(tls) => {
-            let local = listener.local_addr();
             let conns = kvmesh_runtime::tls::incoming(listener, tls.clone(), EdgeProtocol::Http);
-            let listener = TlsListener { conns, local };
-            lifecycle.spawn(async move {
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(stop.cancelled_owned())
-                    .await
-            });
-        }
-    }
-}
-
-/// The handshaken connections of a TLS listener, as axum takes them.
-struct TlsListener {
-    conns: tokio::sync::mpsc::Receiver<TlsConn>,
-    local: std::io::Result<SocketAddr>,
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsConn;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.conns.recv().await {
-            Some(conn) => {
-                let remote = conn.remote_addr();
-                (conn, remote)
-            }
-            // The accept loop ends only when this receiver is dropped; until shutdown drops
-            // it, there is nothing more to accept.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        match &self.local {
-            Ok(address) => Ok(*address),
-            Err(error) => Err(std::io::Error::new(error.kind(), error.to_string())),
+            lifecycle.spawn(serve::serve(conns, app, limits, stop));
         }
     }
 }

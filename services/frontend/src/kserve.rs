@@ -20,12 +20,18 @@ pub use service::KserveService;
 use crate::http::AppState;
 use crate::opts::KserveOpts;
 
-/// The server settings the KServe options ask for, over TLS when `tls` is set.
-pub fn server_settings(opts: &KserveOpts, tls: Option<&Arc<EdgeTls>>) -> GrpcServerSettings {
+/// The server settings the KServe options ask for on top of the process's (`base`: the stream
+/// limit per connection), over TLS when `tls` is set.
+pub fn server_settings(
+    opts: &KserveOpts,
+    tls: Option<&Arc<EdgeTls>>,
+    base: GrpcServerSettings,
+) -> GrpcServerSettings {
     GrpcServerSettings {
         initial_connection_window_size: opts.grpc_initial_connection_window_size,
         initial_stream_window_size: opts.grpc_initial_stream_window_size,
         tls: tls.cloned(),
+        ..base
     }
 }
 
@@ -38,6 +44,7 @@ pub fn serve(
     state: Arc<AppState>,
     opts: &KserveOpts,
     tls: Option<&Arc<EdgeTls>>,
+    base: GrpcServerSettings,
 ) {
     let message_limit = usize::try_from(state.settings.body_limit_mb.saturating_mul(1024 * 1024))
         .unwrap_or(usize::MAX);
@@ -46,5 +53,5 @@ pub fn serve(
         .max_decoding_message_size(message_limit)
         .max_encoding_message_size(message_limit);
     let routes = tonic::service::Routes::new(server);
-    lifecycle.serve_grpc_with(listener, routes, &server_settings(opts, tls));
+    lifecycle.serve_grpc(listener, routes, &server_settings(opts, tls, base));
 }

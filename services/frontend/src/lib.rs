@@ -212,17 +212,43 @@ pub async fn run(
     let is_tls = tls.is_some();
     if kserve.grpc_server() {
         // KServe gRPC takes the HTTP port; the side server keeps health and metrics.
-        kserve::serve(&mut lifecycle, listener, state.clone(), kserve, tls);
+        kserve::serve(
+            &mut lifecycle,
+            listener,
+            state.clone(),
+            kserve,
+            tls,
+            opts.runtime.grpc_server_settings(),
+        );
         tracing::info!(address = %local, is_tls, "frontend KServe gRPC listening");
         if let Some((side, side_local)) = side {
-            edge::serve_http(&mut lifecycle, side, http::side_app(state.clone()), tls);
+            edge::serve_http(
+                &mut lifecycle,
+                side,
+                http::side_app(state.clone()),
+                tls,
+                http.conn_limits(),
+            );
             tracing::info!(address = %side_local, is_tls, "frontend metrics listening");
         }
     } else {
-        edge::serve_http(&mut lifecycle, listener, http::app(state.clone()), tls);
+        edge::serve_http(
+            &mut lifecycle,
+            listener,
+            http::app(state.clone()),
+            tls,
+            http.conn_limits(),
+        );
         tracing::info!(address = %local, is_tls, "frontend listening");
         if let Some((grpc, grpc_local)) = side {
-            kserve::serve(&mut lifecycle, grpc, state.clone(), kserve, tls);
+            kserve::serve(
+                &mut lifecycle,
+                grpc,
+                state.clone(),
+                kserve,
+                tls,
+                opts.runtime.grpc_server_settings(),
+            );
             tracing::info!(address = %grpc_local, is_tls, "frontend KServe gRPC listening");
         }
     }

@@ -1,6 +1,7 @@
 //! The frontend's configuration: every option has a Dynamo-compatible flag and environment name.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser};
 use kvmesh_routing::{RouterArgs, RouterConfig};
@@ -145,6 +146,20 @@ pub struct HttpOpts {
     #[arg(long, env = "DYN_HTTP_BODY_LIMIT_MB", default_value_t = 45, value_parser = clap::value_parser!(u64).range(1..))]
     pub http_body_limit_mb: u64,
 
+    /// Seconds a client has to send a complete request head (HTTP/1.1 headers, or the first
+    /// request of any connection); a slower client is disconnected (kvmesh addition).
+    #[arg(long, env = "KVMESH_HTTP_HEADER_READ_TIMEOUT_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_header_read_timeout_secs: u64,
+
+    /// Seconds a connection stays open with no request in flight (kvmesh addition).
+    #[arg(long, env = "KVMESH_HTTP_IDLE_TIMEOUT_SECS", default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_idle_timeout_secs: u64,
+
+    /// Most client connections served at once on each HTTP listener; more wait in the listen
+    /// backlog until one closes (kvmesh addition).
+    #[arg(long, env = "KVMESH_HTTP_MAX_CONNECTIONS", default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_max_connections: u64,
+
     /// Seconds to drain in-flight requests on SIGTERM.
     #[arg(
         long,
@@ -199,6 +214,15 @@ pub struct HttpOpts {
 }
 
 impl HttpOpts {
+    /// The connection limits of the HTTP listeners.
+    pub(crate) fn conn_limits(&self) -> crate::edge::ConnLimits {
+        crate::edge::ConnLimits {
+            header_read_timeout: Duration::from_secs(self.http_header_read_timeout_secs),
+            idle_timeout: Duration::from_secs(self.http_idle_timeout_secs),
+            max_connections: usize::try_from(self.http_max_connections).unwrap_or(usize::MAX),
+        }
+    }
+
     /// The most inference requests in flight: the smallest of the three rejection limits.
     pub fn inflight_limit(&self) -> Option<u64> {
         [

@@ -228,8 +228,11 @@ pub async fn run(
     lifecycle.serve_grpc(
         listener,
         tonic::service::Routes::new(
-            IndexerServer::new(service.clone()).max_encoding_message_size(64 * 1024 * 1024),
+            IndexerServer::new(service.clone())
+                .max_decoding_message_size(opts.runtime.max_message_size())
+                .max_encoding_message_size(64 * 1024 * 1024),
         ),
+        &opts.runtime.grpc_server_settings(),
     );
     if let Some(port) = opts.metrics_port {
         lifecycle.spawn(serve_metrics(

@@ -182,6 +182,7 @@ pub async fn run(
                         .max_decoding_message_size(opts.runtime.max_message_size())
                         .max_encoding_message_size(opts.runtime.max_message_size()),
                 ),
+                &opts.runtime.grpc_server_settings(),
             );
             (local.to_string(), "grpc")
         };
