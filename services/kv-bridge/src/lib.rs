@@ -13,6 +13,7 @@
 
 pub mod convert;
 pub mod fuzzing;
+pub mod guard;
 pub mod metrics;
 pub mod opts;
 pub mod publish;
@@ -160,9 +161,16 @@ pub async fn run_with(
     }
 
     // Open (and bind) every socket before starting, so a taken port fails the start.
+    let guarding = guard::Guarding {
+        limit: opts.zmq_max_message_bytes,
+        bind_host: opts.zmq_bind_host.clone(),
+        metrics: metrics.clone(),
+        stop: shutdown.child_token(),
+    };
+    let mut configs = configs;
     let mut sockets = Vec::with_capacity(configs.len());
-    for config in &configs {
-        sockets.push(source::open_sub(config).await?);
+    for config in &mut configs {
+        sockets.push(source::open_sub(config, &guarding).await?);
     }
 
     // Bounded: while the event plane is down, the readers stop reading, the engines' sockets
@@ -217,6 +225,7 @@ pub async fn run_with(
     }
     sources_stop.cancel();
     while sources.join_next().await.is_some() {}
+    guarding.stop.cancel();
     if !publisher_done
         && tokio::time::timeout(FLUSH_LIMIT, &mut publisher)
             .await

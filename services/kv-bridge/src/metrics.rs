@@ -22,6 +22,8 @@ pub struct BridgeMetrics {
     pub zmq_seq_resets: IntCounter,
     /// Batches recovered through the engine's replay socket.
     pub zmq_replayed_batches: IntCounter,
+    /// Engine connections dropped for a frame or message over `--zmq-max-message-bytes`.
+    pub zmq_oversized: IntCounter,
     /// Messages, payloads or events that could not be decoded, by `kind`.
     pub malformed: IntCounterVec,
     /// Events not republished as sent, by `reason`.
@@ -72,6 +74,11 @@ impl BridgeMetrics {
                 &registry,
                 "kvmesh_adapter_zmq_missed_batches_total",
                 "ZMQ batches lost in sequence gaps",
+            )?,
+            zmq_oversized: counter(
+                &registry,
+                "kvmesh_adapter_zmq_oversized_total",
+                "Engine connections dropped for a ZMQ message over the size limit",
             )?,
             zmq_seq_resets: counter(
                 &registry,

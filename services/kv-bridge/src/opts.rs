@@ -32,7 +32,8 @@ pub struct BridgeOpts {
     pub block_size: u32,
 
     /// The engine's KV event endpoint. Connects to it, or binds when the host is a wildcard
-    /// (`*`, `::`, `0.0.0.0`) or with `--zmq-bind`. Rank r uses port + r.
+    /// (`*`, `::`, `0.0.0.0`, which bind `--zmq-bind-host`) or with `--zmq-bind`. Rank r uses
+    /// port + r.
     #[arg(
         long,
         env = "KVMESH_KV_BRIDGE_ZMQ_ENDPOINT",
@@ -43,6 +44,20 @@ pub struct BridgeOpts {
     /// Bind the endpoint (the engine connects, as vLLM does with a `tcp://HOST:PORT` endpoint).
     #[arg(long, env = "KVMESH_KV_BRIDGE_ZMQ_BIND", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
     pub zmq_bind: bool,
+
+    /// Address a bind endpoint with a wildcard host listens on: loopback unless set (`0.0.0.0`
+    /// or `::` for every interface; kvmesh addition).
+    #[arg(
+        long,
+        env = "KVMESH_KV_BRIDGE_ZMQ_BIND_HOST",
+        default_value = "127.0.0.1"
+    )]
+    pub zmq_bind_host: String,
+
+    /// Largest ZMQ message (all its frames) or command accepted from the engine; a connection
+    /// that announces a larger one is dropped before it is read (kvmesh addition).
+    #[arg(long, env = "KVMESH_KV_BRIDGE_ZMQ_MAX_MESSAGE_BYTES", default_value_t = 16 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    pub zmq_max_message_bytes: u64,
 
     /// Topic prefix to subscribe to ("" = every topic).
     #[arg(long, env = "KVMESH_KV_BRIDGE_ZMQ_TOPIC", default_value = "")]

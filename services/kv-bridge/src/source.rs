@@ -11,6 +11,7 @@ use zeromq::{DealerSocket, Socket, SocketOptions, SocketRecv, SocketSend, SubSoc
 use kvmesh_proto::v1::{KvCleared, KvEvent, StorageTier, kv_event};
 
 use crate::convert::Converter;
+use crate::guard::{self, Guarding};
 use crate::metrics::BridgeMetrics;
 use crate::publish::RankEvents;
 use crate::wire::{self, WireError};
@@ -141,8 +142,10 @@ impl BatchProcessor {
 }
 
 /// A SUB socket subscribed to the topic, bound or connecting (the connection completes in the
-/// background: the engine may start later).
-pub async fn open_sub(config: &SourceConfig) -> anyhow::Result<SubSocket> {
+/// background: the engine may start later). Every TCP endpoint goes through a size-limiting
+/// relay ([`crate::guard`]); `config`'s endpoints are rewritten to the relays' where the socket
+/// connects.
+pub async fn open_sub(config: &mut SourceConfig, guarding: &Guarding) -> anyhow::Result<SubSocket> {
     let mut options = SocketOptions::default();
     options.no_connect_timeout();
     let mut socket = SubSocket::with_options(options);
@@ -151,22 +154,35 @@ pub async fn open_sub(config: &SourceConfig) -> anyhow::Result<SubSocket> {
         .endpoint
         .parse::<zeromq::Endpoint>()
         .map_err(|e| anyhow::anyhow!("{}: {e}", config.endpoint))?;
-    if config.bind {
-        let bound = socket
-            .bind(&bind_address(&config.endpoint))
-            .await
-            .map_err(|e| anyhow::anyhow!("bind {}: {e}", config.endpoint))?;
-        tracing::info!(endpoint = %bound, dp_rank = config.dp_rank, "kv event socket bound");
+    if let Some(replay) = config.replay_endpoint.as_deref()
+        && let Some(address) = guard::tcp_address(replay)
+    {
+        config.replay_endpoint = Some(guarding.relay_to(address).await?);
+    }
+    match (config.bind, guard::tcp_address(&config.endpoint)) {
+        (true, Some(address)) => {
+            let public = guarding.bind_address(address);
+            let internal = socket
+                .bind("tcp://127.0.0.1:0")
+                .await
+                .map_err(|e| anyhow::anyhow!("bind the relay's socket: {e}"))?;
+            let bound = guarding
+                .relay_from(&public, &internal.to_string())
+                .await
+                .map_err(|e| anyhow::anyhow!("bind {public}: {e}"))?;
+            tracing::info!(address = %bound, dp_rank = config.dp_rank, "kv event socket bound");
+        }
+        (true, None) => {
+            let bound = socket
+                .bind(&config.endpoint)
+                .await
+                .map_err(|e| anyhow::anyhow!("bind {}: {e}", config.endpoint))?;
+            tracing::info!(endpoint = %bound, dp_rank = config.dp_rank, "kv event socket bound");
+        }
+        (false, Some(address)) => config.endpoint = guarding.relay_to(address).await?,
+        (false, None) => {}
     }
     Ok(socket)
-}
-
-/// `tcp://*:P` names every interface for binding; the socket library wants `0.0.0.0`.
-fn bind_address(endpoint: &str) -> String {
-    match endpoint.strip_prefix("tcp://*:") {
-        Some(port) => format!("tcp://0.0.0.0:{port}"),
-        None => endpoint.to_string(),
-    }
 }
 
 /// Reads the engine's batches until `shutdown`, sending converted events to the publisher.
@@ -399,11 +415,5 @@ mod tests {
         );
         assert!(processor.process(b"\x90").is_none());
         assert_eq!(metrics.malformed.with_label_values(&["payload"]).get(), 1);
-    }
-
-    #[test]
-    fn star_binds_every_interface() {
-        assert_eq!(bind_address("tcp://*:5557"), "tcp://0.0.0.0:5557");
-        assert_eq!(bind_address("tcp://[::]:5557"), "tcp://[::]:5557");
     }
 }
