@@ -312,6 +312,42 @@ pub(crate) fn body_bytes(
     })
 }
 
+/// Reads a request body whole into one buffer sized from `content-length`, refusing (413) a body
+/// over the limit before reading it when its length is declared, and as soon as it passes the
+/// limit otherwise. Unlike collecting the frames and joining them, the body is in memory once.
+pub(crate) async fn read_body(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: axum::body::Body,
+) -> Result<Bytes, FrontendError> {
+    use futures::StreamExt as _;
+
+    let limit = usize::try_from(state.settings.body_limit_mb.saturating_mul(1024 * 1024))
+        .unwrap_or(usize::MAX);
+    let too_large = || FrontendError::PayloadTooLarge {
+        limit_mb: state.settings.body_limit_mb,
+    };
+    let declared = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<usize>().ok());
+    if declared.is_some_and(|len| len > limit) {
+        return Err(too_large());
+    }
+    let mut buffer = bytes::BytesMut::with_capacity(declared.unwrap_or(0));
+    let mut frames = body.into_data_stream();
+    while let Some(frame) = frames.next().await {
+        let frame = frame.map_err(|error| {
+            FrontendError::invalid(format!("cannot read request body: {error}"), None)
+        })?;
+        if buffer.len() + frame.len() > limit {
+            return Err(too_large());
+        }
+        buffer.extend_from_slice(&frame);
+    }
+    Ok(buffer.freeze())
+}
+
 /// Parses a JSON body into `T`, with a 400 that says what is wrong.
 pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, FrontendError> {
     serde_json::from_slice(body).map_err(|error| {

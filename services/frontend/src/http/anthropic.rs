@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::extract::rejection::BytesRejection;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use futures::Stream;
@@ -17,7 +16,7 @@ use serde_json::{Value, json};
 use super::chat::{self, StartedChat};
 use super::endpoint::{Arrival, Endpoint, ErrorShape};
 use super::sse;
-use super::{AppState, body_bytes, parse_json, request_id, with_request_id};
+use super::{AppState, parse_json, read_body, request_id, with_request_id};
 use crate::error::FrontendError;
 use crate::generate::{TextDelta, TokenUsage};
 use crate::preprocess::RequestTimer;
@@ -54,11 +53,11 @@ impl Endpoint for Messages {
 pub async fn count_tokens(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: axum::body::Body,
 ) -> Response {
     let request_id = request_id(&headers);
     let counted = async {
-        let body = body_bytes(&state, body)?;
+        let body = read_body(&state, &headers, body).await?;
         let mut request: CountTokensRequest = parse_json(&body)?;
         if state.settings.strip_anthropic_preamble {
             request.strip_billing_preamble();

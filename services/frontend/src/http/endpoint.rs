@@ -6,15 +6,14 @@
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::State;
-use axum::extract::rejection::BytesRejection;
 use axum::http::HeaderMap;
 use axum::response::Response;
 use serde::de::DeserializeOwned;
 
 use super::request_metrics::EarlyRequest;
-use super::{AppState, body_bytes, parse_json, request_id, with_request_id};
+use super::{AppState, parse_json, read_body, request_id, with_request_id};
 use crate::error::FrontendError;
 use crate::preprocess::RequestTimer;
 
@@ -73,7 +72,7 @@ pub(crate) trait Endpoint {
 pub(crate) async fn serve<E: Endpoint>(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Response {
     let request_id = request_id(&headers);
     let mut early = EarlyRequest::default();
@@ -120,13 +119,13 @@ async fn receive<E: Endpoint>(
     state: &Arc<AppState>,
     request_id: &str,
     headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
     early: &mut EarlyRequest,
     response_headers: &ResponseHeaders,
 ) -> Result<Response, FrontendError> {
     state.check_accepting()?;
     let timer = RequestTimer::start(&state.preprocess);
-    let body = body_bytes(state, body)?;
+    let body = read_body(state, headers, body).await?;
     let body_len = body.len();
     let request = state
         .preprocess
