@@ -5,14 +5,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::Result;
+use crate::config::credentials::Credentials;
 use crate::config::{DiscoveryBackend, RuntimeOpts};
 use crate::discovery::Discovery;
-use crate::discovery::etcd::EtcdDiscovery;
+use crate::discovery::etcd::{EtcdDiscovery, EtcdSecurity};
 use crate::discovery::file::FileDiscovery;
 use crate::discovery::mem::{MemDiscovery, MemStore};
 use crate::event_plane::EventPlane;
 use crate::event_plane::mem::MemEventPlane;
-use crate::event_plane::nats::NatsEventPlane;
+use crate::event_plane::nats::{NatsEventPlane, NatsSecurity};
 
 /// Lease TTL of registrations (etcd lease, file heartbeat expiry).
 pub const LEASE_TTL: Duration = Duration::from_secs(10);
@@ -49,9 +50,10 @@ pub async fn discovery(
         DiscoveryBackend::File => {
             Arc::new(FileDiscovery::with_ttl(opts.file_kv_root(), LEASE_TTL)?)
         }
-        DiscoveryBackend::Etcd => {
-            Arc::new(EtcdDiscovery::connect_with_ttl(&opts.etcd_endpoints, LEASE_TTL).await?)
-        }
+        DiscoveryBackend::Etcd => Arc::new(
+            EtcdDiscovery::connect_secured(&opts.etcd_endpoints, LEASE_TTL, &etcd_security(opts)?)
+                .await?,
+        ),
         DiscoveryBackend::Kubernetes => {
             return Err(crate::Error::Config(
                 "--discovery-backend (DYN_DISCOVERY_BACKEND): kubernetes is not supported yet"
@@ -73,5 +75,37 @@ pub async fn event_plane(
     if opts.discovery_backend == DiscoveryBackend::Mem {
         return Ok(Arc::new(MemEventPlane::new()));
     }
-    Ok(Arc::new(NatsEventPlane::connect(&opts.nats_server).await?))
+    Ok(Arc::new(
+        NatsEventPlane::connect_secured(&opts.nats_server, &nats_security(opts)?).await?,
+    ))
+}
+
+/// The etcd client's TLS (`--etcd-tls-*`, `ETCD_AUTH_*`) and user.
+pub fn etcd_security(opts: &RuntimeOpts) -> Result<EtcdSecurity> {
+    let tls = &opts.tls;
+    Ok(EtcdSecurity {
+        ca: tls.etcd_tls_ca_cert_path.clone(),
+        client: tls
+            .etcd_tls_client_cert_path
+            .clone()
+            .zip(tls.etcd_tls_client_key_path.clone()),
+        user: Credentials::from_env()
+            .map_err(crate::Error::Config)?
+            .etcd_user,
+    })
+}
+
+/// The NATS client's TLS (`--nats-tls-*`) and credentials (`NATS_AUTH_*`).
+pub fn nats_security(opts: &RuntimeOpts) -> Result<NatsSecurity> {
+    let tls = &opts.tls;
+    Ok(NatsSecurity {
+        ca: tls.nats_tls_ca_cert_path.clone(),
+        client: tls
+            .nats_tls_client_cert_path
+            .clone()
+            .zip(tls.nats_tls_client_key_path.clone()),
+        insecure: tls.nats_insecure(),
+        auth: Credentials::from_env().map_err(crate::Error::Config)?.nats,
+        credentials_file: tls.nats_auth_credentials_file.clone(),
+    })
 }

@@ -4,6 +4,7 @@
 pub mod conformance;
 pub mod mem;
 pub mod nats;
+mod nats_security;
 
 use std::pin::Pin;
 use std::time::Duration;

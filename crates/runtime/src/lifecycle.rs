@@ -36,6 +36,9 @@ pub struct GrpcServerSettings {
     pub tls: Option<Arc<crate::tls::EdgeTls>>,
 }
 
+/// The TLS configuration a server's next connection gets.
+type ServerTls = Arc<dyn Fn() -> Option<Arc<rustls::ServerConfig>> + Send + Sync>;
+
 /// A task's outcome: an early end of any kind stops the service.
 pub type TaskResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
@@ -90,16 +93,43 @@ impl ServiceLifecycle {
             .spawn(async move { task.await.map_err(Into::into) });
     }
 
-    /// Serves `routes` over gRPC on `listener` with the HTTP/2 and TLS settings of `settings`
-    /// until the stop token fires. Every server of the mesh runs this way: TCP_NODELAY on every
-    /// accepted socket, a pause after a failed accept instead of a retry loop, a stream limit
-    /// per connection, and HTTP/2 keepalive PINGs that close connections to clients that
-    /// stopped answering.
+    /// Serves `routes` as a server of the mesh on `listener` until the stop token fires, with the
+    /// HTTP/2 settings of `settings` (stream limit per connection, windows) and over TLS
+    /// (demanding a client certificate from the mesh CA) when `--tcp-tls-*` say so
+    /// ([`crate::tls::mesh`]). Every mesh server runs this way: TCP_NODELAY on every accepted
+    /// socket, a pause after a failed accept instead of a retry loop, and HTTP/2 keepalive PINGs
+    /// that close connections to clients that stopped answering.
     pub fn serve_grpc(
         &mut self,
         listener: tokio::net::TcpListener,
         routes: tonic::service::Routes,
         settings: &GrpcServerSettings,
+    ) {
+        let mesh = crate::tls::mesh::current().filter(|tls| tls.server_config().is_some());
+        let tls = mesh.map(|tls| -> ServerTls { Arc::new(move || tls.server_config()) });
+        self.serve(listener, routes, settings, tls);
+    }
+
+    /// Serves `routes` as a server for clients outside the mesh (the KServe edge), with the
+    /// HTTP/2 and TLS settings of `settings`; the mesh's TLS does not apply.
+    pub fn serve_grpc_with(
+        &mut self,
+        listener: tokio::net::TcpListener,
+        routes: tonic::service::Routes,
+        settings: &GrpcServerSettings,
+    ) {
+        let tls = settings.tls.clone().map(|tls| -> ServerTls {
+            Arc::new(move || Some(tls.config(crate::tls::EdgeProtocol::Grpc)))
+        });
+        self.serve(listener, routes, settings, tls);
+    }
+
+    fn serve(
+        &mut self,
+        listener: tokio::net::TcpListener,
+        routes: tonic::service::Routes,
+        settings: &GrpcServerSettings,
+        tls: Option<ServerTls>,
     ) {
         let stop = self.stop.clone();
         let router = tonic::transport::Server::builder()
@@ -114,14 +144,13 @@ impl ServiceLifecycle {
             .http2_keepalive_interval(Some(crate::net::KEEPALIVE_INTERVAL))
             .http2_keepalive_timeout(Some(crate::net::KEEPALIVE_TIMEOUT))
             .add_routes(routes);
-        match &settings.tls {
+        match tls {
             None => self.spawn(router.serve_with_incoming_shutdown(
                 crate::net::nodelay_incoming(listener),
                 stop.cancelled_owned(),
             )),
             Some(tls) => {
-                let conns =
-                    crate::tls::incoming(listener, tls.clone(), crate::tls::EdgeProtocol::Grpc);
+                let conns = crate::tls::incoming_with(listener, move || tls());
                 let conns =
                     tokio_stream::wrappers::ReceiverStream::new(conns).map(Ok::<_, std::io::Error>);
                 self.spawn(router.serve_with_incoming_shutdown(conns, stop.cancelled_owned()));

@@ -9,8 +9,9 @@
 //! finished handshakes.
 
 pub mod accept;
+pub mod mesh;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -23,7 +24,7 @@ use rustls::server::WebPkiClientVerifier;
 
 use crate::reload::WatchedFiles;
 
-pub use self::accept::{TlsConn, incoming};
+pub use self::accept::{TlsConn, incoming, incoming_with};
 
 const CERT_FLAG: &str = "--tls-cert-path (DYN_TLS_CERT_PATH)";
 const KEY_FLAG: &str = "--tls-key-path (DYN_TLS_KEY_PATH)";
@@ -128,30 +129,15 @@ fn build(files: &EdgeTlsFiles, contents: &[Vec<u8>]) -> Result<Configs, String> 
     let [cert, key, rest @ ..] = contents else {
         return Err(format!("{CERT_FLAG}: the files were not read"));
     };
-    let chain = CertificateDer::pem_slice_iter(cert)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("{CERT_FLAG} {}: {e}", files.cert.display()))?;
-    if chain.is_empty() {
-        return Err(format!(
-            "{CERT_FLAG} {}: no PEM certificate",
-            files.cert.display()
-        ));
-    }
-    let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| {
-        format!(
-            "{KEY_FLAG} {}: no PEM private key ({e})",
-            files.key.display()
-        )
-    })?;
+    let chain = parse_chain(cert, CERT_FLAG, &files.cert)?;
+    let key = parse_key(key, KEY_FLAG, &files.key)?;
     let client_roots = match (rest.first(), &files.client_ca) {
-        (Some(ca), Some(path)) => Some(client_roots(ca, path)?),
+        (Some(ca), Some(path)) => Some(parse_roots(ca, CLIENT_CA_FLAG, path)?),
         _ => None,
     };
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
     let one = |protocol: EdgeProtocol| -> Result<Arc<ServerConfig>, String> {
-        let config = server_config(&provider, chain.clone(), key.clone_key(), &client_roots)
+        let mut config = server_config(chain.clone(), key.clone_key(), &client_roots)
             .map_err(|e| format!("{CERT_FLAG}, {KEY_FLAG}: {e}"))?;
-        let mut config = config;
         config.alpn_protocols = protocol.alpn();
         Ok(Arc::new(config))
     };
@@ -161,37 +147,62 @@ fn build(files: &EdgeTlsFiles, contents: &[Vec<u8>]) -> Result<Configs, String> 
     })
 }
 
-fn client_roots(pem: &[u8], path: &std::path::Path) -> Result<Arc<RootCertStore>, String> {
+/// The crypto provider of every TLS configuration kvmesh builds (ring: no aws-lc build).
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The PEM certificate chain in `pem`; errors name `flag` and `path`.
+fn parse_chain(
+    pem: &[u8],
+    flag: &str,
+    path: &Path,
+) -> Result<Vec<CertificateDer<'static>>, String> {
+    let chain = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{flag} {}: {e}", path.display()))?;
+    if chain.is_empty() {
+        return Err(format!("{flag} {}: no PEM certificate", path.display()));
+    }
+    Ok(chain)
+}
+
+/// The PEM private key in `pem` (PKCS#8, PKCS#1 or SEC1); errors name `flag` and `path`.
+fn parse_key(pem: &[u8], flag: &str, path: &Path) -> Result<PrivateKeyDer<'static>, String> {
+    PrivateKeyDer::from_pem_slice(pem)
+        .map_err(|e| format!("{flag} {}: no PEM private key ({e})", path.display()))
+}
+
+/// The CA certificates in `pem` as trust roots; errors name `flag` and `path`.
+fn parse_roots(pem: &[u8], flag: &str, path: &Path) -> Result<Arc<RootCertStore>, String> {
     let mut roots = RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(pem) {
-        let cert = cert.map_err(|e| format!("{CLIENT_CA_FLAG} {}: {e}", path.display()))?;
+        let cert = cert.map_err(|e| format!("{flag} {}: {e}", path.display()))?;
         roots
             .add(cert)
-            .map_err(|e| format!("{CLIENT_CA_FLAG} {}: {e}", path.display()))?;
+            .map_err(|e| format!("{flag} {}: {e}", path.display()))?;
     }
     if roots.is_empty() {
-        return Err(format!(
-            "{CLIENT_CA_FLAG} {}: no PEM certificate",
-            path.display()
-        ));
+        return Err(format!("{flag} {}: no PEM certificate", path.display()));
     }
     Ok(Arc::new(roots))
 }
 
+/// A server configuration presenting `chain`; with `client_roots`, every client must present a
+/// certificate chaining to them.
 fn server_config(
-    provider: &Arc<CryptoProvider>,
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
     client_roots: &Option<Arc<RootCertStore>>,
 ) -> Result<ServerConfig, rustls::Error> {
+    let provider = provider();
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()?;
     let builder = match client_roots {
         Some(roots) => {
-            let verifier =
-                WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
-                    .build()
-                    .map_err(|e| rustls::Error::General(e.to_string()))?;
+            let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider)
+                .build()
+                .map_err(|e| rustls::Error::General(e.to_string()))?;
             builder.with_client_cert_verifier(verifier)
         }
         None => builder.with_no_client_auth(),

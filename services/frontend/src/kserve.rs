@@ -53,5 +53,5 @@ pub fn serve(
         .max_decoding_message_size(message_limit)
         .max_encoding_message_size(message_limit);
     let routes = tonic::service::Routes::new(server);
-    lifecycle.serve_grpc(listener, routes, &server_settings(opts, tls, base));
+    lifecycle.serve_grpc_with(listener, routes, &server_settings(opts, tls, base));
 }

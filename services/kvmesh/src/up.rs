@@ -56,7 +56,11 @@ pub async fn run(mut opts: UpOpts) -> anyhow::Result<()> {
             "--discovery-backend: kvmesh up runs in one process and needs mem; start kvmesh-frontend and kvmesh-mocker for other backends",
         );
     }
-    if let Err(error) = opts.runtime.validate() {
+    if let Err(error) = opts
+        .runtime
+        .validate()
+        .and_then(|()| opts.runtime.install_mesh_tls())
+    {
         kvmesh_runtime::config::exit_config_error(&error.to_string());
     }
     if let Err(message) = opts.frontend.validate() {

@@ -1,11 +1,12 @@
-//! TLS options of Dynamo's command line: the HTTP edge's certificate and client CA, the internal
-//! gRPC (TCP request plane) certificates, and the NATS client's. Every path must name a file and
-//! the certificate/key options come in pairs ([`TlsOpts::check`]).
+//! TLS options: Dynamo's for the HTTP edge, the internal gRPC (TCP request plane) and the NATS
+//! client, and kvmesh's flags for etcd's (Dynamo reads them from `ETCD_AUTH_*` only) and for a
+//! NATS credentials file (`NATS_AUTH_CREDENTIALS_FILE`). Every path must name a file and the
+//! certificate/key options come in pairs ([`TlsOpts::check`]).
 //!
-//! The edge's (`--tls-*`) are served: the frontend's HTTP and KServe gRPC servers speak TLS with
-//! them ([`crate::tls`]); processes without an edge do not read them. The internal gRPC and NATS
-//! ones are not implemented yet, so a process given any of them refuses to start rather than
-//! dial or serve plaintext where TLS was asked for.
+//! The edge's (`--tls-*`) serve the frontend's HTTP and KServe gRPC ([`crate::tls`]); the
+//! internal gRPC's (`--tcp-tls-*`) every mesh server and client ([`crate::tls::mesh`]); the NATS
+//! and etcd ones their clients ([`crate::connect`]). User names, passwords, tokens and NKey seeds
+//! are read from the environment only ([`super::credentials`]).
 
 use std::path::PathBuf;
 
@@ -59,6 +60,21 @@ pub struct TlsOpts {
     /// Turn --nats-tls-insecure off.
     #[arg(long, overrides_with = "nats_tls_insecure")]
     pub no_nats_tls_insecure: bool,
+    /// NATS credentials file (user JWT and NKey seed, as `nsc` writes it); a kvmesh flag for
+    /// Dynamo's variable.
+    #[arg(long, env = "NATS_AUTH_CREDENTIALS_FILE", value_parser = existing_file)]
+    pub nats_auth_credentials_file: Option<PathBuf>,
+    /// PEM CA that verifies the etcd servers (then `--etcd-endpoints` are dialed over TLS); a
+    /// kvmesh flag for Dynamo's variable.
+    #[arg(long, env = "ETCD_AUTH_CA", value_parser = existing_file)]
+    pub etcd_tls_ca_cert_path: Option<PathBuf>,
+    /// PEM client certificate presented to etcd (`--client-cert-auth`); a kvmesh flag for
+    /// Dynamo's variable.
+    #[arg(long, env = "ETCD_AUTH_CLIENT_CERT", value_parser = existing_file)]
+    pub etcd_tls_client_cert_path: Option<PathBuf>,
+    /// PEM private key of `--etcd-tls-client-cert-path`; a kvmesh flag for Dynamo's variable.
+    #[arg(long, env = "ETCD_AUTH_CLIENT_KEY", value_parser = existing_file)]
+    pub etcd_tls_client_key_path: Option<PathBuf>,
 }
 
 impl TlsOpts {
@@ -71,9 +87,29 @@ impl TlsOpts {
         })
     }
 
-    /// Checks the pairs and that the edge's files make a valid TLS configuration, then refuses
-    /// the internal gRPC and NATS options, which this release does not implement: a deployment
-    /// that asked for TLS there must not silently get plaintext.
+    /// The internal gRPC's certificate files ([`crate::tls::mesh`]).
+    pub fn mesh_files(&self) -> crate::tls::mesh::MeshTlsFiles {
+        crate::tls::mesh::MeshTlsFiles {
+            server: self
+                .tcp_tls_cert_path
+                .clone()
+                .zip(self.tcp_tls_key_path.clone()),
+            client_ca: self.tcp_tls_client_ca_cert_path.clone(),
+            ca: self.tcp_tls_ca_cert_path.clone(),
+            client: self
+                .tcp_tls_client_cert_path
+                .clone()
+                .zip(self.tcp_tls_client_key_path.clone()),
+        }
+    }
+
+    /// Whether `--nats-tls-insecure` is on.
+    pub fn nats_insecure(&self) -> bool {
+        kvmesh_core::flags::negatable(self.nats_tls_insecure, self.no_nats_tls_insecure)
+    }
+
+    /// Checks the pairs, what each option needs beside it, and that the edge's and the internal
+    /// gRPC's files make valid TLS configurations.
     pub fn check(&self) -> Result<(), String> {
         let pairs = [
             (
@@ -100,6 +136,12 @@ impl TlsOpts {
                 &self.nats_tls_client_cert_path,
                 &self.nats_tls_client_key_path,
             ),
+            (
+                "--etcd-tls-client-cert-path (ETCD_AUTH_CLIENT_CERT)",
+                "--etcd-tls-client-key-path (ETCD_AUTH_CLIENT_KEY)",
+                &self.etcd_tls_client_cert_path,
+                &self.etcd_tls_client_key_path,
+            ),
         ];
         for (cert, key, cert_path, key_path) in pairs {
             match (cert_path.is_some(), key_path.is_some()) {
@@ -108,71 +150,35 @@ impl TlsOpts {
                 _ => {}
             }
         }
-        if self.tls_client_ca_cert_path.is_some() && self.tls_cert_path.is_none() {
-            return Err(
-                "--tls-client-ca-cert-path (DYN_TLS_CLIENT_CA_CERT_PATH): needs --tls-cert-path and --tls-key-path".into(),
-            );
+        let needs = [
+            (
+                self.tls_client_ca_cert_path.is_some() && self.tls_cert_path.is_none(),
+                "--tls-client-ca-cert-path (DYN_TLS_CLIENT_CA_CERT_PATH): needs --tls-cert-path and --tls-key-path",
+            ),
+            (
+                self.tcp_tls_client_ca_cert_path.is_some() && self.tcp_tls_cert_path.is_none(),
+                "--tcp-tls-client-ca-cert-path (DYN_TCP_TLS_CLIENT_CA_CERT_PATH): needs --tcp-tls-cert-path and --tcp-tls-key-path (a server that asks for client certificates speaks TLS)",
+            ),
+            (
+                self.tcp_tls_client_cert_path.is_some() && self.tcp_tls_ca_cert_path.is_none(),
+                "--tcp-tls-client-cert-path (DYN_TCP_TLS_CLIENT_CERT_PATH): needs --tcp-tls-ca-cert-path (the CA that verifies the servers it is presented to)",
+            ),
+            (
+                self.etcd_tls_client_cert_path.is_some() && self.etcd_tls_ca_cert_path.is_none(),
+                "--etcd-tls-client-cert-path (ETCD_AUTH_CLIENT_CERT): needs --etcd-tls-ca-cert-path (ETCD_AUTH_CA)",
+            ),
+        ];
+        if let Some((_, message)) = needs.iter().find(|(is_missing, _)| *is_missing) {
+            return Err((*message).to_string());
         }
-        let set = self.unsupported_flags();
-        if !set.is_empty() {
-            return Err(format!(
-                "{}: TLS of the internal gRPC and of NATS is not supported in this release; kvmesh dials and serves them in plaintext only, so it refuses to start rather than ignore a TLS setting",
-                set.join(", ")
-            ));
+        if let Some(files) = self.edge_files() {
+            crate::tls::EdgeTls::check(&files)?;
         }
-        match self.edge_files() {
-            Some(files) => crate::tls::EdgeTls::check(&files),
-            None => Ok(()),
+        let mesh = self.mesh_files();
+        if !mesh.is_empty() {
+            crate::tls::mesh::MeshTls::open(mesh)?;
         }
-    }
-
-    /// The internal gRPC and NATS TLS flags that are set, in declaration order.
-    fn unsupported_flags(&self) -> Vec<&'static str> {
-        [
-            (
-                "--tcp-tls-cert-path (DYN_TCP_TLS_CERT_PATH)",
-                self.tcp_tls_cert_path.is_some(),
-            ),
-            (
-                "--tcp-tls-key-path (DYN_TCP_TLS_KEY_PATH)",
-                self.tcp_tls_key_path.is_some(),
-            ),
-            (
-                "--tcp-tls-ca-cert-path (DYN_TCP_TLS_CA_CERT_PATH)",
-                self.tcp_tls_ca_cert_path.is_some(),
-            ),
-            (
-                "--tcp-tls-client-cert-path (DYN_TCP_TLS_CLIENT_CERT_PATH)",
-                self.tcp_tls_client_cert_path.is_some(),
-            ),
-            (
-                "--tcp-tls-client-key-path (DYN_TCP_TLS_CLIENT_KEY_PATH)",
-                self.tcp_tls_client_key_path.is_some(),
-            ),
-            (
-                "--tcp-tls-client-ca-cert-path (DYN_TCP_TLS_CLIENT_CA_CERT_PATH)",
-                self.tcp_tls_client_ca_cert_path.is_some(),
-            ),
-            (
-                "--nats-tls-ca-cert-path (NATS_TLS_CA_CERT_PATH)",
-                self.nats_tls_ca_cert_path.is_some(),
-            ),
-            (
-                "--nats-tls-client-cert-path (NATS_TLS_CLIENT_CERT_PATH)",
-                self.nats_tls_client_cert_path.is_some(),
-            ),
-            (
-                "--nats-tls-client-key-path (NATS_TLS_CLIENT_KEY_PATH)",
-                self.nats_tls_client_key_path.is_some(),
-            ),
-            (
-                "--nats-tls-insecure (NATS_TLS_INSECURE)",
-                self.nats_tls_insecure && !self.no_nats_tls_insecure,
-            ),
-        ]
-        .into_iter()
-        .filter_map(|(flag, set)| set.then_some(flag))
-        .collect()
+        Ok(())
     }
 }
 

@@ -60,6 +60,52 @@ async fn call<T>(
     }
 }
 
+/// TLS and credentials of the etcd client. With a CA, endpoints without a scheme are dialed over
+/// TLS and `http://` ones are refused; the files are read when the client connects.
+#[derive(Clone, Default)]
+pub struct EtcdSecurity {
+    /// PEM CA that verifies the servers (`ETCD_AUTH_CA`).
+    pub ca: Option<std::path::PathBuf>,
+    /// PEM certificate and key presented to the servers (`ETCD_AUTH_CLIENT_CERT`/`_KEY`).
+    pub client: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// User name and password (`ETCD_AUTH_USERNAME`/`ETCD_AUTH_PASSWORD`).
+    pub user: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for EtcdSecurity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdSecurity")
+            .field("ca", &self.ca)
+            .field("client", &self.client)
+            .field("user", &self.user.as_ref().map(|(user, _)| user))
+            .finish()
+    }
+}
+
+impl EtcdSecurity {
+    fn apply(&self, mut options: ConnectOptions) -> Result<ConnectOptions> {
+        let read = |path: &std::path::Path, what: &str| {
+            std::fs::read(path)
+                .map_err(|e| Error::Config(format!("{what} {}: {e}", path.display())))
+        };
+        if let Some((user, password)) = &self.user {
+            options = options.with_user(user.clone(), password.clone());
+        }
+        if let Some(ca) = &self.ca {
+            let ca = read(ca, "--etcd-tls-ca-cert-path (ETCD_AUTH_CA)")?;
+            let mut tls = etcd_client::TlsOptions::new()
+                .ca_certificate(etcd_client::Certificate::from_pem(ca));
+            if let Some((cert, key)) = &self.client {
+                let cert = read(cert, "--etcd-tls-client-cert-path (ETCD_AUTH_CLIENT_CERT)")?;
+                let key = read(key, "--etcd-tls-client-key-path (ETCD_AUTH_CLIENT_KEY)")?;
+                tls = tls.identity(etcd_client::Identity::from_pem(cert, key));
+            }
+            options = options.with_tls(tls);
+        }
+        Ok(options)
+    }
+}
+
 /// Discovery backed by an etcd cluster.
 pub struct EtcdDiscovery {
     client: Client,
@@ -85,13 +131,24 @@ impl EtcdDiscovery {
 
     /// Connects with a custom lease TTL (whole seconds, at least 1; short ones for tests).
     pub async fn connect_with_ttl(endpoints: &[String], ttl: Duration) -> Result<Self> {
+        Self::connect_secured(endpoints, ttl, &EtcdSecurity::default()).await
+    }
+
+    /// [`connect_with_ttl`](Self::connect_with_ttl) with TLS and credentials.
+    pub async fn connect_secured(
+        endpoints: &[String],
+        ttl: Duration,
+        security: &EtcdSecurity,
+    ) -> Result<Self> {
         if endpoints.is_empty() {
             return Err(Error::Discovery("no etcd endpoints given".into()));
         }
-        let options = ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(5))
-            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(5))
-            .with_keep_alive_while_idle(true);
+        let options = security.apply(
+            ConnectOptions::new()
+                .with_connect_timeout(Duration::from_secs(5))
+                .with_keep_alive(Duration::from_secs(5), Duration::from_secs(5))
+                .with_keep_alive_while_idle(true),
+        )?;
         let client = call("connect", Client::connect(endpoints, Some(options)))
             .await
             .map_err(|error| Error::Discovery(format!("{error} ({})", endpoints.join(","))))?;

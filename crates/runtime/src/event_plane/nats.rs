@@ -17,6 +17,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::mem::{subject_matches, validate_subject};
+pub use super::nats_security::NatsSecurity;
 use super::{EventPlane, Message, StreamConfig, StreamMessage, StreamSubscription, Subscription};
 use crate::{Error, Result};
 
@@ -88,9 +89,17 @@ impl std::fmt::Debug for NatsEventPlane {
 impl NatsEventPlane {
     /// Connects to `server` (a URL, or a comma list of URLs).
     pub async fn connect(server: &str) -> Result<Self> {
-        let client = async_nats::ConnectOptions::new()
+        Self::connect_secured(server, &NatsSecurity::default()).await
+    }
+
+    /// Connects to `server` with TLS and credentials.
+    pub async fn connect_secured(server: &str, security: &NatsSecurity) -> Result<Self> {
+        let options = async_nats::ConnectOptions::new()
             .name("kvmesh")
-            .connection_timeout(CONNECT_TIMEOUT)
+            .connection_timeout(CONNECT_TIMEOUT);
+        let client = security
+            .apply(options)
+            .await?
             .connect(server)
             .await
             .map_err(|error| nats_error(&format!("connect {server}"), error))?;

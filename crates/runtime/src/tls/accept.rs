@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use rustls::ServerConfig;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc};
@@ -106,15 +107,24 @@ pub fn incoming(
     tls: Arc<EdgeTls>,
     protocol: EdgeProtocol,
 ) -> mpsc::Receiver<TlsConn> {
+    incoming_with(listener, move || Some(tls.config(protocol)))
+}
+
+/// [`incoming`] with the configuration `current` returns for each new connection (the mesh's
+/// internal gRPC servers use their own, [`super::mesh::MeshTls`]); a connection for which it
+/// returns none is closed.
+pub fn incoming_with(
+    listener: TcpListener,
+    current: impl Fn() -> Option<Arc<ServerConfig>> + Send + Sync + 'static,
+) -> mpsc::Receiver<TlsConn> {
     let (tx, rx) = mpsc::channel(64);
-    tokio::spawn(accept_loop(listener, tls, protocol, tx));
+    tokio::spawn(accept_loop(listener, current, tx));
     rx
 }
 
 async fn accept_loop(
     listener: TcpListener,
-    tls: Arc<EdgeTls>,
-    protocol: EdgeProtocol,
+    current: impl Fn() -> Option<Arc<ServerConfig>> + Send + Sync + 'static,
     tx: mpsc::Sender<TlsConn>,
 ) {
     let pending = Arc::new(Semaphore::new(MAX_PENDING_HANDSHAKES));
@@ -139,7 +149,10 @@ async fn accept_loop(
         if let Err(error) = stream.set_nodelay(true) {
             tracing::debug!(%error, "cannot set TCP_NODELAY");
         }
-        let acceptor = TlsAcceptor::from(tls.config(protocol));
+        let Some(config) = current() else {
+            continue;
+        };
+        let acceptor = TlsAcceptor::from(config);
         let tx = tx.clone();
         tokio::spawn(async move {
             let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await;

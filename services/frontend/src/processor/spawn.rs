@@ -254,4 +254,26 @@ mod tests {
             args(&["--dyn-chat-processor=seed", "--namespace", "ns"])
         );
     }
+
+    #[test]
+    fn the_mesh_tls_flags_reach_the_host() {
+        let line = [
+            "--tcp-tls-cert-path",
+            "/m/tls.crt",
+            "--tcp-tls-key-path=/m/tls.key",
+            "--tcp-tls-ca-cert-path",
+            "/m/ca.pem",
+            "--tcp-tls-client-ca-cert-path",
+            "/m/ca.pem",
+            "--tcp-tls-client-cert-path",
+            "/m/tls.crt",
+            "--tcp-tls-client-key-path",
+            "/m/tls.key",
+            "--nats-tls-ca-cert-path",
+            "/n/ca.pem",
+            "--etcd-tls-ca-cert-path",
+            "/e/ca.pem",
+        ];
+        assert_eq!(host_args(args(&line)), args(&line));
+    }
 }
