@@ -1,8 +1,9 @@
 """Every Dynamo frontend launch option starts kvmesh-frontend: each flag of Dynamo 1.6.1's
 `--help` and each environment variable of Dynamo's frontend guide, listed with a value in
 data/dynamo_frontend_options.json. Options kvmesh does not implement yet must log one WARN naming
-them; the edge's TLS serves HTTPS; internal and NATS TLS and keyed tracking hashes must refuse to
-start naming the flag; `--interactive` runs the REPL instead of HTTP and answers a typed prompt."""
+them; the edge's TLS serves HTTPS; the internal gRPC's and NATS's TLS start (a NATS that does not
+offer TLS leaves the frontend without an event plane, with one WARN), half of a certificate/key
+pair and keyed tracking hashes must refuse to start naming the flag; `--interactive` runs the REPL instead of HTTP and answers a typed prompt."""
 import glob
 import itertools
 import json
