@@ -38,6 +38,8 @@ pub mod env {
     pub const NATS_STREAM_MAX_AGE: &str = "DYN_NATS_STREAM_MAX_AGE";
     /// Number of KV event partitions.
     pub const KV_PARTITIONS: &str = "KVMESH_KV_PARTITIONS";
+    /// Seconds a lost registration may stay lost before a worker refuses new work.
+    pub const REGISTRATION_GRACE_SECS: &str = "KVMESH_REGISTRATION_GRACE_SECS";
     /// Log format.
     pub const LOG_FORMAT: &str = "KVMESH_LOG_FORMAT";
     /// Where to write the resolved configuration.
@@ -139,6 +141,10 @@ pub struct RuntimeOpts {
     #[arg(long, env = env::KV_PARTITIONS, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub kv_partitions: u32,
 
+    /// Seconds a lost discovery registration may stay lost before a worker refuses new work.
+    #[arg(long, env = env::REGISTRATION_GRACE_SECS, default_value_t = 30)]
+    pub registration_grace_secs: u64,
+
     /// Log line format.
     #[arg(long, env = env::LOG_FORMAT, value_enum, default_value = "human")]
     pub log_format: LogFormat,
@@ -212,6 +218,11 @@ impl RuntimeOpts {
             max_concurrent_streams: Some(self.tcp_max_concurrent_streams),
             ..Default::default()
         }
+    }
+
+    /// `--registration-grace-secs` as the lifecycle's registration grace.
+    pub fn registration_grace(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.registration_grace_secs)
     }
 
     /// `DYN_TCP_MAX_MESSAGE_SIZE` as a message limit for tonic servers and clients.

@@ -18,7 +18,8 @@ use std::pin::Pin;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::Stream;
-use tokio_util::sync::CancellationToken;
+use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::Result;
 
@@ -82,6 +83,58 @@ pub trait Discovery: Send + Sync + 'static {
     /// Deletes every key this process put and ends its lease (graceful shutdown).
     async fn revoke(&self) -> Result<()>;
 
-    /// Cancelled when the lease is lost for good; the process must then stop serving.
-    fn lease_lost(&self) -> CancellationToken;
+    /// Where this process's registration stands. A backend that loses its lease puts every key
+    /// back under a new lease with the same id as soon as it can, and says so here.
+    fn registration(&self) -> watch::Receiver<RegistrationStatus>;
+}
+
+/// Whether the keys of this process are listed for everyone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegistrationState {
+    /// The lease is alive: every key this process put is listed.
+    Held,
+    /// The backend cannot be reached. The lease may well survive (a restarted etcd renews every
+    /// lease it held); others see no change until the backend is back.
+    Unreachable,
+    /// The backend said the lease is gone, so its keys are gone for everyone; the backend is
+    /// putting them back under a new lease with the same id.
+    Lost,
+}
+
+/// A registration's state, since when, and how often it was lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegistrationStatus {
+    /// The current state.
+    pub state: RegistrationState,
+    /// When the current state began.
+    pub since: Instant,
+    /// Times the lease was lost since the process started.
+    pub num_losses: u64,
+}
+
+impl RegistrationStatus {
+    /// A registration that holds from now on.
+    pub fn held() -> Self {
+        Self {
+            state: RegistrationState::Held,
+            since: Instant::now(),
+            num_losses: 0,
+        }
+    }
+
+    /// Moves `status` to `state` (a move to the same state changes nothing); a move to `Lost`
+    /// counts a loss.
+    pub fn enter(status: &watch::Sender<Self>, state: RegistrationState) {
+        status.send_if_modified(|current| {
+            if current.state == state {
+                return false;
+            }
+            current.state = state;
+            current.since = Instant::now();
+            if state == RegistrationState::Lost {
+                current.num_losses += 1;
+            }
+            true
+        });
+    }
 }

@@ -7,11 +7,13 @@ pub mod nats;
 mod nats_security;
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::Stream;
+use tokio_util::sync::CancellationToken;
 
 use crate::Result;
 
@@ -88,4 +90,49 @@ pub trait EventPlane: Send + Sync + 'static {
     /// The first sequence still stored in `stream`: a reader that expects an earlier one lost
     /// the messages in between to retention (0 or `last + 1` when nothing is stored).
     async fn first_sequence(&self, stream: &str) -> Result<u64>;
+
+    /// Whether the plane is connected now. A plane that is not keeps connecting in the
+    /// background: subscriptions made meanwhile start delivering once it is, plain publishes fail
+    /// fast, and stream calls fail until then.
+    fn is_connected(&self) -> bool {
+        true
+    }
+}
+
+/// How often [`ensure_stream_eventually`] tries while the plane is down.
+const ENSURE_RETRY: Duration = Duration::from_secs(1);
+
+/// Creates `config`'s stream now when the plane is connected (an error then is the caller's);
+/// otherwise in the background as soon as it is, retrying until `stop`, so a process started
+/// while NATS is down comes up and uses the stream once NATS does.
+pub async fn ensure_stream_eventually(
+    events: &Arc<dyn EventPlane>,
+    config: &StreamConfig,
+    stop: CancellationToken,
+) -> Result<()> {
+    if events.is_connected() {
+        return events.ensure_stream(config).await;
+    }
+    tracing::warn!(stream = %config.name, "event plane not connected; creating the stream once it is");
+    let (events, config) = (events.clone(), config.clone());
+    tokio::spawn(async move {
+        loop {
+            if events.is_connected() {
+                match events.ensure_stream(&config).await {
+                    Ok(()) => {
+                        tracing::info!(stream = %config.name, "event plane connected; stream ready");
+                        return;
+                    }
+                    Err(error) => {
+                        tracing::warn!(stream = %config.name, %error, "creating the stream failed; retrying")
+                    }
+                }
+            }
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(ENSURE_RETRY) => {}
+            }
+        }
+    });
+    Ok(())
 }

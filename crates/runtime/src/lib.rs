@@ -7,6 +7,7 @@ pub mod discovery;
 pub mod error;
 pub mod event_plane;
 pub mod fuzzing;
+pub mod health;
 pub mod kv_publish;
 pub mod lifecycle;
 pub mod names;

@@ -1,19 +1,23 @@
 //! The one service lifecycle every kvmesh process runs: bind → serve → register only once ready →
-//! wait for shutdown, a lost discovery lease or any task's death → revoke → drain in-flight work
-//! within the configured limit → stop the tasks and join them.
+//! wait for shutdown or any task's death → revoke → drain in-flight work within the configured
+//! limit → stop the tasks and join them.
 //!
-//! What a lost lease does is decided here alone: today the service stops (and the process exits
-//! with an error), because a process that discovery no longer lists must not keep taking work.
+//! What a lost lease does is decided here alone: the service keeps serving with what it knows
+//! while its discovery backend puts the registration back (same instance id, same records), and
+//! its [`WorkGate`] closes only when a registration stays lost for longer than the registration
+//! grace (`--registration-grace-secs`). A worker refuses new work while its gate is closed; an
+//! unreachable etcd alone never closes it, since nobody's view of the mesh changes meanwhile.
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt as _;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::discovery::Discovery;
+use crate::discovery::{Discovery, RegistrationState, RegistrationStatus};
 use crate::shutdown::Inflight;
 
 /// How long stopped tasks get to finish before the service gives up on them.
@@ -21,6 +25,31 @@ pub const JOIN_LIMIT: Duration = Duration::from_secs(3);
 
 /// Most concurrent streams per connection of a server whose settings leave it unset.
 pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 4096;
+
+/// How long a registration may stay lost before the service stops taking new work
+/// (`--registration-grace-secs`).
+pub const DEFAULT_REGISTRATION_GRACE: Duration = Duration::from_secs(30);
+
+/// Whether the service takes new work: closed while a registration stayed lost for longer than
+/// the registration grace, open again once it is back.
+#[derive(Debug, Clone)]
+pub struct WorkGate(Arc<AtomicBool>);
+
+impl WorkGate {
+    /// A gate that is open.
+    pub fn open() -> Self {
+        Self(Arc::new(AtomicBool::new(true)))
+    }
+
+    /// Whether new work may start.
+    pub fn is_open(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+
+    fn set(&self, is_open: bool) -> bool {
+        self.0.swap(is_open, Ordering::AcqRel) != is_open
+    }
+}
 
 /// HTTP/2 and TLS settings of a gRPC server; unset fields keep the defaults (1 MiB windows,
 /// [`DEFAULT_MAX_CONCURRENT_STREAMS`], plaintext).
@@ -64,6 +93,8 @@ pub struct ServiceLifecycle {
     tasks: JoinSet<TaskResult>,
     stop: CancellationToken,
     registrations: Vec<Arc<dyn Discovery>>,
+    registration_grace: Duration,
+    gate: WorkGate,
 }
 
 impl ServiceLifecycle {
@@ -74,7 +105,20 @@ impl ServiceLifecycle {
             tasks: JoinSet::new(),
             stop: CancellationToken::new(),
             registrations: Vec::new(),
+            registration_grace: DEFAULT_REGISTRATION_GRACE,
+            gate: WorkGate::open(),
         }
+    }
+
+    /// Sets how long a registration may stay lost before the work gate closes.
+    pub fn with_registration_grace(mut self, grace: Duration) -> Self {
+        self.registration_grace = grace;
+        self
+    }
+
+    /// The gate a service that takes routed work (a worker) checks before starting any.
+    pub fn work_gate(&self) -> WorkGate {
+        self.gate.clone()
     }
 
     /// The token the service's tasks stop on. It fires only after the service unregistered and
@@ -178,13 +222,13 @@ impl ServiceLifecycle {
         Ok(true)
     }
 
-    /// Takes charge of `discovery`'s registration: the service stops when its lease is lost,
-    /// and revokes it before draining.
+    /// Takes charge of `discovery`'s registration: its losses are logged and close the work gate
+    /// after the registration grace, and it is revoked before draining.
     pub fn registered(&mut self, discovery: Arc<dyn Discovery>) {
         self.registrations.push(discovery);
     }
 
-    /// Serves until `shutdown`, a lost lease or the end of any task; then calls `stopping`,
+    /// Serves until `shutdown` or the end of any task; then calls `stopping`,
     /// revokes every registration, waits for `drain` within its limit, stops the tasks and joins
     /// them within [`JOIN_LIMIT`]. Returns why it stopped when that was not `shutdown`.
     pub async fn run(
@@ -193,25 +237,16 @@ impl ServiceLifecycle {
         drain: Drain<'_>,
         stopping: impl FnOnce(),
     ) -> Result<(), LifecycleError> {
-        let leases: Vec<CancellationToken> = self
-            .registrations
-            .iter()
-            .map(|discovery| discovery.lease_lost())
-            .collect();
-        let lease_lost = async {
-            if leases.is_empty() {
-                return std::future::pending().await;
-            }
-            futures::future::select_all(leases.iter().map(|token| Box::pin(token.cancelled())))
-                .await;
-        };
+        let registrations = watch_registrations(
+            self.name,
+            &self.registrations,
+            self.registration_grace,
+            &self.gate,
+        );
         let result = tokio::select! {
             biased;
             _ = shutdown.cancelled() => Ok(()),
-            _ = lease_lost => {
-                tracing::error!(service = self.name, "discovery lease lost, stopping");
-                Err(LifecycleError::LeaseLost)
-            }
+            () = registrations => Ok(()),
             Some(result) = self.tasks.join_next() => {
                 if shutdown.is_cancelled() {
                     Ok(())
@@ -262,12 +297,97 @@ impl ServiceLifecycle {
     }
 }
 
+/// Follows every registration's state for the service's life: logs each change, closes `gate`
+/// once one stayed lost for longer than `grace` and opens it when none is lost. Never ends.
+async fn watch_registrations(
+    service: &'static str,
+    registrations: &[Arc<dyn Discovery>],
+    grace: Duration,
+    gate: &WorkGate,
+) {
+    let mut receivers: Vec<_> = registrations
+        .iter()
+        .map(|discovery| discovery.registration())
+        .collect();
+    let mut last: Vec<RegistrationState> = receivers
+        .iter()
+        .map(|receiver| receiver.borrow().state)
+        .collect();
+    loop {
+        let statuses: Vec<RegistrationStatus> = receivers
+            .iter_mut()
+            .map(|receiver| *receiver.borrow_and_update())
+            .collect();
+        for (status, last) in statuses.iter().zip(last.iter_mut()) {
+            if status.state != *last {
+                match status.state {
+                    RegistrationState::Held => {
+                        tracing::info!(service, was = ?*last, "discovery registration held again")
+                    }
+                    RegistrationState::Unreachable => tracing::warn!(
+                        service,
+                        "discovery unreachable; serving with the last known mesh"
+                    ),
+                    RegistrationState::Lost => tracing::error!(
+                        service,
+                        num_losses = status.num_losses,
+                        "discovery lease lost; serving on and re-registering"
+                    ),
+                }
+                *last = status.state;
+            }
+        }
+        let lost_since = statuses
+            .iter()
+            .filter(|status| status.state == RegistrationState::Lost)
+            .map(|status| status.since)
+            .min();
+        let close_at = match lost_since {
+            None => {
+                if gate.set(true) {
+                    tracing::info!(service, "registered again; taking new work");
+                }
+                None
+            }
+            Some(since) if since.elapsed() >= grace => {
+                if gate.set(false) {
+                    tracing::error!(
+                        service,
+                        grace_s = grace.as_secs(),
+                        "registration lost for longer than the grace; refusing new work"
+                    );
+                }
+                None
+            }
+            Some(since) => Some(since + grace),
+        };
+        let changed = async {
+            if receivers.is_empty() {
+                return std::future::pending().await;
+            }
+            let changes = receivers
+                .iter_mut()
+                .map(|receiver| Box::pin(receiver.changed()));
+            let _ = futures::future::select_all(changes).await;
+        };
+        tokio::select! {
+            () = changed => {}
+            () = sleep_until_some(close_at) => {}
+        }
+    }
+}
+
+/// Sleeps until `at`, or forever without one.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Why a service stopped before it was asked to.
 #[derive(Debug, thiserror::Error)]
 pub enum LifecycleError {
-    /// Discovery no longer holds this process's registration.
-    #[error("discovery lease lost")]
-    LeaseLost,
     /// One of the service's tasks ended.
     #[error("{service}: a task ended: {reason}")]
     TaskEnded {
@@ -276,4 +396,54 @@ pub enum LifecycleError {
         /// Its outcome.
         reason: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discovery::mem::{MemDiscovery, MemStore};
+
+    async fn gate_becomes(gate: &WorkGate, is_open: bool) -> bool {
+        for _ in 0..100 {
+            if gate.is_open() == is_open {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    }
+
+    /// A lost registration closes the gate only after the grace and never stops the service;
+    /// an unreachable backend never closes it; the gate opens once the registration is back.
+    #[tokio::test]
+    async fn a_lost_registration_closes_the_gate_after_the_grace_and_serves_on() {
+        let discovery = Arc::new(MemDiscovery::new(&MemStore::new()));
+        let mut lifecycle =
+            ServiceLifecycle::new("test").with_registration_grace(Duration::from_millis(300));
+        lifecycle.registered(discovery.clone());
+        let gate = lifecycle.work_gate();
+        let shutdown = CancellationToken::new();
+        let running = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move { lifecycle.run(&shutdown, Drain::NONE, || {}).await }
+        });
+        discovery.simulate_registration(RegistrationState::Unreachable);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(gate.is_open(), "unreachable alone closed the gate");
+        discovery.simulate_registration(RegistrationState::Lost);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(gate.is_open(), "closed before the grace");
+        assert!(
+            gate_becomes(&gate, false).await,
+            "not closed after the grace"
+        );
+        assert!(!running.is_finished(), "a lost lease stopped the service");
+        discovery.simulate_registration(RegistrationState::Held);
+        assert!(
+            gate_becomes(&gate, true).await,
+            "not opened once held again"
+        );
+        shutdown.cancel();
+        assert!(running.await.unwrap().is_ok());
+    }
 }

@@ -12,7 +12,7 @@ use kvmesh_runtime::discovery::conformance::{self as suite, Crash};
 use kvmesh_runtime::discovery::etcd::{EtcdDiscovery, parse_endpoints};
 use kvmesh_runtime::discovery::file::FileDiscovery;
 use kvmesh_runtime::discovery::mem::MemStore;
-use kvmesh_runtime::discovery::{Discovery, WatchEvent};
+use kvmesh_runtime::discovery::{Discovery, RegistrationState, RegistrationStatus, WatchEvent};
 use kvmesh_runtime::{Error, Result};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -165,16 +165,63 @@ discovery_suite!(mem, mem_open, mem_open_crashable);
 discovery_suite!(file, file_open, file_open_crashable);
 discovery_suite!(etcd, etcd_open, etcd_open_crashable);
 
-/// etcd only: when the lease is revoked behind the process's back, `lease_lost` fires and puts
-/// fail, so the process knows to stop serving.
+/// Waits until `discovery`'s registration is in `state`.
+async fn registration_reaches(
+    discovery: &dyn Discovery,
+    state: RegistrationState,
+    within: Duration,
+) -> Result<RegistrationStatus> {
+    registration_where(discovery, within, |status| status.state == state).await
+}
+
+/// Waits until `discovery`'s registration is held again after `num_losses` losses.
+async fn registration_recovers(
+    discovery: &dyn Discovery,
+    num_losses: u64,
+    within: Duration,
+) -> Result<RegistrationStatus> {
+    registration_where(discovery, within, |status| {
+        status.state == RegistrationState::Held && status.num_losses == num_losses
+    })
+    .await
+}
+
+/// Waits until `discovery`'s registration satisfies `wanted`.
+async fn registration_where(
+    discovery: &dyn Discovery,
+    within: Duration,
+    wanted: impl Fn(&RegistrationStatus) -> bool,
+) -> Result<RegistrationStatus> {
+    let mut registration = discovery.registration();
+    tokio::time::timeout(within, async {
+        loop {
+            let status = *registration.borrow_and_update();
+            if wanted(&status) {
+                return status;
+            }
+            if registration.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    })
+    .await
+    .map_err(|_| Error::Discovery(format!("registration not as wanted within {within:?}")))
+}
+
+/// etcd only: when the lease is revoked behind the process's back, the registration turns
+/// `Lost` and then `Held` again: the lease is granted again under the same id and every key is
+/// put back, so the instance id and the records stay the same.
 #[tokio::test]
-async fn etcd_lease_revoked_elsewhere_is_lease_lost() -> Result<()> {
+async fn etcd_lease_revoked_elsewhere_is_granted_again_with_its_records() -> Result<()> {
     let Some(endpoints) = etcd_endpoints() else {
         return Ok(());
     };
     let discovery = EtcdDiscovery::connect_with_ttl(&endpoints, Duration::from_secs(3)).await?;
-    let key = format!("{}k", suite::unique_prefix("etcd-lost"));
+    let prefix = suite::unique_prefix("etcd-lost");
+    let (key, gone) = (format!("{prefix}k"), format!("{prefix}gone"));
     discovery.put(&key, Bytes::from_static(b"v")).await?;
+    discovery.put(&gone, Bytes::from_static(b"g")).await?;
+    discovery.delete(&gone).await?;
     let mut lease_client = discovery.client().lease_client();
     let lease_id =
         i64::try_from(discovery.instance_id()).map_err(|e| Error::Discovery(e.to_string()))?;
@@ -182,18 +229,101 @@ async fn etcd_lease_revoked_elsewhere_is_lease_lost() -> Result<()> {
         .revoke(lease_id)
         .await
         .map_err(|e| Error::Discovery(e.to_string()))?;
-    tokio::time::timeout(Duration::from_secs(15), discovery.lease_lost().cancelled())
-        .await
-        .map_err(|_| Error::Discovery("lease_lost not cancelled within 15 s".into()))?;
-    assert!(matches!(
-        discovery.put(&key, Bytes::from_static(b"again")).await,
-        Err(Error::LeaseLost)
-    ));
     assert!(
-        discovery.list(&key).await?.is_empty(),
-        "revoked lease's key is gone"
+        discovery.list(&prefix).await?.is_empty(),
+        "revoked: keys gone"
     );
+    registration_recovers(&discovery, 1, Duration::from_secs(15)).await?;
+    let listed = discovery.list(&prefix).await?;
+    assert_eq!(listed.len(), 1, "only the live key comes back: {listed:?}");
+    assert_eq!(
+        (listed[0].key.as_str(), &listed[0].value[..]),
+        (key.as_str(), &b"v"[..])
+    );
+    let leases = lease_client
+        .leases()
+        .await
+        .map_err(|e| Error::Discovery(e.to_string()))?;
+    assert!(
+        leases.leases().iter().any(|lease| lease.id() == lease_id),
+        "the same lease id is granted again"
+    );
+    discovery.put(&key, Bytes::from_static(b"w")).await?;
+    assert_eq!(&discovery.list(&key).await?[0].value[..], b"w");
+    discovery.revoke().await?;
     Ok(())
+}
+
+/// A private etcd on free ports that a test can kill and restart, on the same data directory or
+/// on a fresh one (an etcd restored from nothing).
+struct PrivateEtcd {
+    client_port: u16,
+    peer_port: u16,
+    process: Option<tokio::process::Child>,
+}
+
+impl PrivateEtcd {
+    fn new() -> Result<Self> {
+        let free_port = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|listener| listener.local_addr())
+                .map(|address| address.port())
+                .map_err(|e| Error::Discovery(e.to_string()))
+        };
+        Ok(Self {
+            client_port: free_port()?,
+            peer_port: free_port()?,
+            process: None,
+        })
+    }
+
+    fn endpoints(&self) -> Vec<String> {
+        vec![format!("http://127.0.0.1:{}", self.client_port)]
+    }
+
+    fn start(&mut self, data: &std::path::Path) -> Result<()> {
+        let (client, peer) = (self.client_port, self.peer_port);
+        let process = tokio::process::Command::new("etcd")
+            .arg("--data-dir")
+            .arg(data)
+            .args([
+                "--name",
+                "restart",
+                "--listen-client-urls",
+                &format!("http://127.0.0.1:{client}"),
+                "--advertise-client-urls",
+                &format!("http://127.0.0.1:{client}"),
+                "--listen-peer-urls",
+                &format!("http://127.0.0.1:{peer}"),
+                "--initial-advertise-peer-urls",
+                &format!("http://127.0.0.1:{peer}"),
+                "--initial-cluster",
+                &format!("restart=http://127.0.0.1:{peer}"),
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| Error::Discovery(format!("etcd must be installed: {e}")))?;
+        self.process = Some(process);
+        Ok(())
+    }
+
+    async fn kill(&mut self) {
+        if let Some(mut process) = self.process.take() {
+            let _ = process.start_kill();
+            let _ = process.wait().await;
+        }
+    }
+
+    async fn connect(&self, ttl: Duration) -> EtcdDiscovery {
+        loop {
+            match EtcdDiscovery::connect_with_ttl(&self.endpoints(), ttl).await {
+                Ok(discovery) => return discovery,
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    }
 }
 
 /// etcd only: an etcd that restarts after being down for longer than the lease TTL still holds
@@ -204,53 +334,22 @@ async fn etcd_down_longer_than_the_ttl_then_back_keeps_the_lease() -> Result<()>
     if etcd_endpoints().is_none() {
         return Ok(());
     }
-    let free_port = || {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .map(|address| address.port())
-            .map_err(|e| Error::Discovery(e.to_string()))
-    };
-    let (client_port, peer_port) = (free_port()?, free_port()?);
-    let data = std::env::temp_dir().join(format!("kvmesh-etcd-restart-{}", std::process::id()));
-    let start = || {
-        tokio::process::Command::new("etcd")
-            .arg("--data-dir")
-            .arg(&data)
-            .args([
-                "--name",
-                "restart",
-                "--listen-client-urls",
-                &format!("http://127.0.0.1:{client_port}"),
-                "--advertise-client-urls",
-                &format!("http://127.0.0.1:{client_port}"),
-                "--listen-peer-urls",
-                &format!("http://127.0.0.1:{peer_port}"),
-                "--initial-advertise-peer-urls",
-                &format!("http://127.0.0.1:{peer_port}"),
-                "--initial-cluster",
-                &format!("restart=http://127.0.0.1:{peer_port}"),
-            ])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| Error::Discovery(format!("etcd must be installed: {e}")))
-    };
-    let endpoints = vec![format!("http://127.0.0.1:{client_port}")];
-    let mut etcd = start()?;
-    let discovery = loop {
-        match EtcdDiscovery::connect_with_ttl(&endpoints, Duration::from_secs(2)).await {
-            Ok(discovery) => break discovery,
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    };
+    let data = tempfile::tempdir()?;
+    let mut etcd = PrivateEtcd::new()?;
+    etcd.start(data.path())?;
+    let discovery = etcd.connect(Duration::from_secs(2)).await;
     discovery
         .put("/restart/k", Bytes::from_static(b"v"))
         .await?;
-    let _ = etcd.start_kill();
-    let _ = etcd.wait().await;
+    etcd.kill().await;
+    registration_reaches(
+        &discovery,
+        RegistrationState::Unreachable,
+        Duration::from_secs(5),
+    )
+    .await?;
     tokio::time::sleep(Duration::from_secs(5)).await; // 2.5 TTLs without etcd
-    let _etcd = start()?;
+    etcd.start(data.path())?;
     // Back: the lease was renewed by the restart and the keep-alive resumes on it.
     let listed = tokio::time::timeout(Duration::from_secs(20), async {
         loop {
@@ -263,13 +362,76 @@ async fn etcd_down_longer_than_the_ttl_then_back_keeps_the_lease() -> Result<()>
     .await
     .map_err(|_| Error::Discovery("etcd did not come back".into()))?;
     assert_eq!(listed.len(), 1, "the key of the live lease is still there");
+    let status =
+        registration_reaches(&discovery, RegistrationState::Held, Duration::from_secs(10)).await?;
     tokio::time::sleep(Duration::from_secs(5)).await; // more than a TTL of keep-alives
-    assert!(
-        !discovery.lease_lost().is_cancelled(),
-        "the lease was given up"
+    assert_eq!(status.num_losses, 0, "the lease was given up");
+    assert_eq!(
+        discovery.registration().borrow().state,
+        RegistrationState::Held
     );
     assert_eq!(discovery.list("/restart/").await?.len(), 1);
-    let _ = std::fs::remove_dir_all(&data);
+    Ok(())
+}
+
+/// etcd only: an etcd that comes back empty (restored from nothing, its revision back at the
+/// start) has lost every lease: each process grants its lease again under the same id and puts
+/// its keys back, and a watcher of another process re-lists without reporting the keys that
+/// came back as deleted, while a key whose owner never came back is reported deleted once the
+/// settling time is over.
+#[tokio::test]
+async fn etcd_restored_empty_gets_every_registration_back_without_watchers_seeing_a_gap()
+-> Result<()> {
+    if etcd_endpoints().is_none() {
+        return Ok(());
+    }
+    let (first, second) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let mut etcd = PrivateEtcd::new()?;
+    etcd.start(first.path())?;
+    let owner = etcd.connect(Duration::from_secs(2)).await;
+    let crashed = etcd.connect(Duration::from_secs(2)).await;
+    let watcher = etcd.connect(Duration::from_secs(2)).await;
+    owner.put("/restore/a", Bytes::from_static(b"1")).await?;
+    crashed.put("/restore/b", Bytes::from_static(b"2")).await?;
+    // Revisions the empty etcd will not reach before the watcher resumes.
+    for index in 0..50 {
+        owner
+            .put("/other/k", Bytes::from(format!("{index}")))
+            .await?;
+    }
+    let mut watch = watcher.watch("/restore/").await?;
+    for _ in 0..2 {
+        suite::next_event(&mut watch, "initial key").await;
+    }
+    crashed.abort_keepalive();
+    etcd.kill().await;
+    etcd.start(second.path())?;
+    // The lease was lost and granted again.
+    registration_recovers(&owner, 1, Duration::from_secs(30)).await?;
+    let listed = owner.list("/restore/").await?;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].key, "/restore/a");
+    // Only the key of the process that never came back goes, after settling.
+    let event = tokio::time::timeout(
+        Duration::from_secs(30),
+        futures::StreamExt::next(&mut watch),
+    )
+    .await
+    .map_err(|_| Error::Discovery("no delete within 30 s".into()))?;
+    assert_eq!(
+        event,
+        Some(WatchEvent::Delete {
+            key: "/restore/b".into()
+        })
+    );
+    owner.put("/restore/c", Bytes::from_static(b"3")).await?;
+    assert_eq!(
+        suite::next_event(&mut watch, "a later put").await,
+        WatchEvent::Put {
+            key: "/restore/c".into(),
+            value: Bytes::from_static(b"3")
+        }
+    );
     Ok(())
 }
 
@@ -345,21 +507,18 @@ async fn file_expired_files_are_not_listed_and_watchers_remove_them() -> Result<
 }
 
 /// File only: when another process removes an owned file (it judged it expired), the owner's
-/// next heartbeat reports the lease lost.
+/// next heartbeat reports the registration lost and writes its files again.
 #[tokio::test]
-async fn file_losing_an_owned_file_loses_the_lease() -> Result<()> {
+async fn file_losing_an_owned_file_writes_it_again() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let discovery = FileDiscovery::with_ttl(dir.path(), Duration::from_secs(3))?;
     let key = format!("{}k", suite::unique_prefix("file-lost"));
     discovery.put(&key, Bytes::from_static(b"1")).await?;
-    std::fs::remove_file(dir.path().join(key.trim_start_matches('/')))?;
-    let lost = discovery.lease_lost();
-    tokio::time::timeout(Duration::from_secs(15), lost.cancelled())
-        .await
-        .map_err(|_| Error::Discovery("lease_lost not cancelled within 15 s".into()))?;
-    assert!(matches!(
-        discovery.put(&key, Bytes::new()).await,
-        Err(Error::LeaseLost)
-    ));
+    let path = dir.path().join(key.trim_start_matches('/'));
+    std::fs::remove_file(&path)?;
+    registration_recovers(&discovery, 1, Duration::from_secs(15)).await?;
+    assert_eq!(std::fs::read(&path)?, b"1");
+    discovery.put(&key, Bytes::from_static(b"2")).await?;
+    assert_eq!(&discovery.list(&key).await?[0].value[..], b"2");
     Ok(())
 }

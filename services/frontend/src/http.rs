@@ -88,6 +88,10 @@ pub struct AppState {
     pub api_keys: Option<Arc<crate::auth::Keys>>,
     /// The keys `/busy_threshold` needs (`--http-admin-keys-file`); `None`: it is open.
     pub admin_keys: Option<Arc<crate::auth::Keys>>,
+    /// Discovery and the event plane, for `/health` and their metrics.
+    pub dependencies: kvmesh_runtime::health::Dependencies,
+    /// `kvmesh_discovery_*` and `kvmesh_event_plane_*` gauges.
+    pub dependency_metrics: kvmesh_runtime::health::DependencyMetrics,
 }
 
 impl AppState {

@@ -33,6 +33,7 @@ use std::time::Duration;
 use anyhow::Context;
 use kvmesh_runtime::connect::{self, Embedded};
 use kvmesh_runtime::discovery::registry::{Registry, instance_record};
+use kvmesh_runtime::health::{Dependencies, DependencyMetrics};
 use kvmesh_runtime::lifecycle::{Drain, ServiceLifecycle};
 use kvmesh_runtime::shutdown::Inflight;
 use tokio_util::sync::CancellationToken;
@@ -57,16 +58,12 @@ pub async fn run(
     let metrics =
         FrontendMetrics::new(&args.metrics_prefix, &buckets).context("register metrics")?;
     let discovery = connect::discovery(&opts.runtime, embedded.as_ref()).await?;
-    // Worker load only sharpens routing: without an event plane the routers use their own
-    // tracking alone.
-    let events: Arc<dyn kvmesh_runtime::event_plane::EventPlane> =
-        match connect::event_plane(&opts.runtime, embedded.as_ref()).await {
-            Ok(events) => events,
-            Err(error) => {
-                tracing::warn!(%error, "event plane unavailable; routing without published load");
-                Arc::new(kvmesh_runtime::event_plane::mem::MemEventPlane::new())
-            }
-        };
+    // A NATS that is down keeps connecting in the background; until it is up the routers use
+    // their own tracking alone and `/health` says kv routing is degraded.
+    let events = connect::event_plane(&opts.runtime, embedded.as_ref()).await?;
+    let dependencies = Dependencies::new(discovery.clone(), events.clone());
+    let dependency_metrics =
+        DependencyMetrics::register(&metrics.registry).context("register metrics")?;
     let table = models::empty_table();
     let preprocess = Arc::new(preprocess_settings(args, &metrics)?);
 
@@ -79,7 +76,7 @@ pub async fn run(
         model_name: args.model_name.clone(),
         kv_cache_block_size: args.kv_cache_block_size,
         router: router_config.clone(),
-        events,
+        events: events.clone(),
         discovery: discovery.clone(),
         index: IndexSettings {
             // A served index is found in discovery like any other replica.
@@ -97,7 +94,8 @@ pub async fn run(
         migration_max_seq_len: args.migration_max_seq_len,
         preprocess: preprocess.clone(),
     };
-    let mut lifecycle = ServiceLifecycle::new("frontend");
+    let mut lifecycle = ServiceLifecycle::new("frontend")
+        .with_registration_grace(opts.runtime.registration_grace());
     if router_config.kv.serve_indexer {
         let namespace = args
             .namespace
@@ -165,6 +163,8 @@ pub async fn run(
         extensions,
         api_keys: security.api_keys.clone(),
         admin_keys: security.admin_keys.clone(),
+        dependencies,
+        dependency_metrics,
         admission: http.inflight_limit().map(|limit| {
             Arc::new(tokio::sync::Semaphore::new(
                 usize::try_from(limit)

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvmesh_runtime::discovery::Discovery;
-use kvmesh_runtime::event_plane::{EventPlane, StreamConfig};
+use kvmesh_runtime::event_plane::{EventPlane, StreamConfig, ensure_stream_eventually};
 use kvmesh_runtime::names;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -33,14 +33,14 @@ pub async fn start(
     lanes: usize,
     shutdown: CancellationToken,
 ) -> anyhow::Result<Arc<ShardState>> {
-    events
-        .ensure_stream(&StreamConfig {
-            name: names::kv_stream_name(namespace),
-            subjects: names::kv_stream_subjects(namespace),
-            max_age: stream_max_age,
-            duplicate_window: Duration::from_secs(120),
-        })
-        .await?;
+    let stream = StreamConfig {
+        name: names::kv_stream_name(namespace),
+        subjects: names::kv_stream_subjects(namespace),
+        max_age: stream_max_age,
+        duplicate_window: Duration::from_secs(120),
+    };
+    // With NATS down the index starts empty and fills once NATS is up (the consumer retries).
+    ensure_stream_eventually(&events, &stream, shutdown.clone()).await?;
     let layout = ShardLayout::striped(0, 1, kv_partitions);
     let filters = layout
         .partitions

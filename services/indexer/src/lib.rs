@@ -31,7 +31,7 @@ use kvmesh_runtime::config::RuntimeOpts;
 use kvmesh_runtime::connect::{self, Embedded};
 use kvmesh_runtime::discovery::registry::{Registry, instance_record};
 use kvmesh_runtime::discovery::{Discovery, WatchEvent};
-use kvmesh_runtime::event_plane::StreamConfig;
+use kvmesh_runtime::event_plane::{StreamConfig, ensure_stream_eventually};
 use kvmesh_runtime::lifecycle::{Drain, ServiceLifecycle};
 use kvmesh_runtime::names;
 use tokio::sync::mpsc;
@@ -155,14 +155,20 @@ pub async fn run(
     let discovery = connect::discovery(&opts.runtime, embedded.as_ref()).await?;
     let events = connect::event_plane(&opts.runtime, embedded.as_ref()).await?;
     let stream_name = names::kv_stream_name(&namespace);
-    events
-        .ensure_stream(&StreamConfig {
+    let mut lifecycle =
+        ServiceLifecycle::new("indexer").with_registration_grace(opts.runtime.registration_grace());
+    // With NATS down the replica waits in `Loading` (unregistered) until the stream is there.
+    ensure_stream_eventually(
+        &events,
+        &StreamConfig {
             name: stream_name.clone(),
             subjects: names::kv_stream_subjects(&namespace),
             max_age: Duration::from_secs(opts.runtime.nats_stream_max_age),
             duplicate_window: Duration::from_secs(120),
-        })
-        .await?;
+        },
+        lifecycle.stop_token(),
+    )
+    .await?;
     let metrics = Arc::new(IndexerMetrics::new().context("register metrics")?);
     let state = Arc::new(ShardState::new(layout.clone(), opts.event_threads as usize));
 
@@ -176,7 +182,6 @@ pub async fn run(
         }
     };
 
-    let mut lifecycle = ServiceLifecycle::new("indexer");
     let (control_tx, control_rx) = mpsc::channel(16);
     let consumer = consumer::consume_forever(
         state.clone(),

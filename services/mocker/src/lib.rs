@@ -26,7 +26,7 @@ use kvmesh_proto::v1::{ModelCard, ModelRecord, ModelRuntimeConfig};
 use kvmesh_runtime::connect::{self, Embedded};
 use kvmesh_runtime::discovery::Discovery;
 use kvmesh_runtime::discovery::registry::{Registry, instance_record};
-use kvmesh_runtime::event_plane::StreamConfig;
+use kvmesh_runtime::event_plane::{StreamConfig, ensure_stream_eventually};
 use kvmesh_runtime::lifecycle::{Drain, ServiceLifecycle};
 use kvmesh_runtime::names;
 use kvmesh_runtime::worker_client::{INPROC_TRANSPORT, register_inproc, unregister_inproc};
@@ -87,16 +87,20 @@ pub async fn run(
 
     let events = connect::event_plane(&opts.runtime, embedded.as_ref()).await?;
     let namespace = opts.endpoint.namespace.clone();
-    events
-        .ensure_stream(&StreamConfig {
+    let mut lifecycle =
+        ServiceLifecycle::new("mocker").with_registration_grace(opts.runtime.registration_grace());
+    // With NATS down the worker serves and its KV events wait for the stream (publishes retry).
+    ensure_stream_eventually(
+        &events,
+        &StreamConfig {
             name: names::kv_stream_name(&namespace),
             subjects: names::kv_stream_subjects(&namespace),
             max_age: Duration::from_secs(opts.runtime.nats_stream_max_age),
             duplicate_window: Duration::from_secs(120),
-        })
-        .await?;
-
-    let mut lifecycle = ServiceLifecycle::new("mocker");
+        },
+        lifecycle.stop_token(),
+    )
+    .await?;
     let mut addresses = Vec::new();
     let mut inflight = Vec::new();
     // Worker tasks outlive the shutdown signal: they stop only after in-flight work drained.
@@ -155,7 +159,8 @@ pub async fn run(
             opts.engine.tool_call_parser,
             config.seed,
         )
-        .with_fault_file(opts.fault_file.clone().map(fault::FaultFile));
+        .with_fault_file(opts.fault_file.clone().map(fault::FaultFile))
+        .with_work_gate(lifecycle.work_gate());
         inflight.push(service.inflight().clone());
         let is_inproc = embedded.as_ref().is_some_and(|e| !e.grpc_workers);
         let (address, transport) = if is_inproc {

@@ -26,6 +26,7 @@ use crate::engine::{EngineRequest, EngineSampling, KvCacheEvent, Xoshiro256};
 use crate::fault::{Fault, FaultFile};
 use kvmesh_llm::Tokenizer;
 use kvmesh_llm::tool_calls::ToolCallFormat;
+use kvmesh_runtime::lifecycle::WorkGate;
 use kvmesh_runtime::{ErrorCode, GrpcErrorCode as _};
 
 /// The request side of a mock worker: routes each request to its data-parallel rank.
@@ -42,6 +43,8 @@ pub struct MockWorker {
     seed: u64,
     /// `--fault-file`, read at every Generate call.
     fault: Option<Arc<FaultFile>>,
+    /// Closed while the worker's registration stayed lost past the grace: new work is refused.
+    gate: WorkGate,
 }
 
 impl MockWorker {
@@ -60,6 +63,7 @@ impl MockWorker {
             tool_format,
             seed,
             fault: None,
+            gate: WorkGate::open(),
         }
     }
 
@@ -67,6 +71,13 @@ impl MockWorker {
     /// injection").
     pub fn with_fault_file(mut self, fault: Option<FaultFile>) -> Self {
         self.fault = fault.map(Arc::new);
+        self
+    }
+
+    /// Refuses new generations (`UNAVAILABLE`, so the router picks another worker) while `gate`
+    /// is closed.
+    pub fn with_work_gate(mut self, gate: WorkGate) -> Self {
+        self.gate = gate;
         self
     }
 
@@ -138,6 +149,10 @@ impl MockWorker {
     }
 
     fn start(&self, request: GenerateRequest) -> Result<ResponseStream, tonic::Status> {
+        if !self.gate.is_open() {
+            return Err(ErrorCode::Unavailable
+                .to_status("worker registration lost past the grace; not taking new work"));
+        }
         match self.fault.as_deref().map(FaultFile::current) {
             Some(Fault::Fail) => {
                 return Err(kvmesh_runtime::ErrorCode::Internal

@@ -62,7 +62,8 @@ pub async fn run(
         stop_when_parent_leaves(shutdown.clone());
     }
     let discovery = connect::discovery(&opts.runtime, None).await?;
-    let mut lifecycle = ServiceLifecycle::new("processor-host");
+    let mut lifecycle = ServiceLifecycle::new("processor-host")
+        .with_registration_grace(opts.runtime.registration_grace());
     if serves_chat {
         lifecycle.spawn(watch_fleet(
             discovery.clone(),

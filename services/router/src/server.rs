@@ -68,7 +68,8 @@ pub async fn run(
     let discovery = connect::discovery(&opts.runtime, embedded.as_ref()).await?;
     let events = connect::event_plane(&opts.runtime, embedded.as_ref()).await?;
     let table: RoutedTable = Arc::new(ArcSwap::from_pointee(HashMap::new()));
-    let mut lifecycle = ServiceLifecycle::new("router");
+    let mut lifecycle =
+        ServiceLifecycle::new("router").with_registration_grace(opts.runtime.registration_grace());
     let fleet = FleetConfig {
         namespaces: NamespaceFilter::Exact(opts.namespace.clone()),
         router: router_config.clone(),

@@ -1,29 +1,31 @@
 //! etcd discovery: every key of a process is bound to one lease, kept alive while it runs.
 //!
 //! The lease id is the instance id (docs/discovery.md, "Instance ids and leases"). A crash stops
-//! the keep-alive, the lease expires and etcd deletes the keys for everyone. Watches list with a
-//! revision and then watch from the next one; on a broken stream they resume from the last
-//! revision seen, and when that revision was compacted away they re-list and report only the
-//! difference.
+//! the keep-alive, the lease expires and etcd deletes the keys for everyone. A lease that etcd
+//! reports gone while the process lives (an outage longer than the TTL between the two, an etcd
+//! restored from a backup) is granted again with the same id and every key is put back, so the
+//! instance id never changes. Watches are in [`watch`].
+
+mod watch;
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
-    WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, LeaseGrantOptions, PutOptions, Txn, TxnOp,
 };
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch as state_watch};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
 use tokio_stream::wrappers::UnboundedReceiverStream;
-use tokio_util::sync::CancellationToken;
 
-use super::{Discovery, KeyValue, WatchEvent, WatchStream};
+use self::watch::{PrefixWatcher, list_with_revision};
+use super::{Discovery, KeyValue, RegistrationState, RegistrationStatus, WatchEvent, WatchStream};
 use crate::{Error, Result};
 
 /// The endpoint used when `ETCD_ENDPOINTS` is not set.
@@ -34,9 +36,6 @@ pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
 
 /// Bound on any single etcd request, so a dead server surfaces as an error.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Longest pause between two attempts to re-open a broken watch.
-const MAX_WATCH_BACKOFF: Duration = Duration::from_secs(2);
 
 /// Splits an `ETCD_ENDPOINTS` value (comma list) into endpoints, ignoring blanks.
 pub fn parse_endpoints(list: &str) -> Vec<String> {
@@ -108,17 +107,25 @@ impl EtcdSecurity {
 
 /// Discovery backed by an etcd cluster.
 pub struct EtcdDiscovery {
-    client: Client,
-    lease_id: i64,
-    lease_lost: CancellationToken,
+    lease: Arc<Lease>,
     keepalive: JoinHandle<()>,
+}
+
+/// This process's lease and what it holds, shared with the keep-alive task.
+struct Lease {
+    client: Client,
+    id: i64,
+    ttl: Duration,
+    /// Every key this process put, with its value: what re-registration puts back.
+    records: Mutex<BTreeMap<String, Bytes>>,
+    status: state_watch::Sender<RegistrationStatus>,
     is_revoked: AtomicBool,
 }
 
 impl std::fmt::Debug for EtcdDiscovery {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EtcdDiscovery")
-            .field("lease_id", &format_args!("{:x}", self.lease_id))
+            .field("lease_id", &format_args!("{:x}", self.lease.id))
             .finish()
     }
 }
@@ -154,29 +161,24 @@ impl EtcdDiscovery {
             .map_err(|error| Error::Discovery(format!("{error} ({})", endpoints.join(","))))?;
         let ttl_secs = i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX).max(1);
         let mut lease_client = client.lease_client();
-        let lease = call("lease grant", lease_client.grant(ttl_secs, None)).await?;
-        let lease_id = lease.id();
-        let ttl = Duration::from_secs(u64::try_from(lease.ttl()).unwrap_or(1).max(1));
-        let lease_lost = CancellationToken::new();
-        let keepalive = tokio::spawn(keep_alive(
-            client.clone(),
-            lease_id,
-            ttl,
-            lease_lost.clone(),
-        ));
-        tracing::info!(lease_id = %format_args!("{lease_id:x}"), ttl_s = ttl.as_secs(), "etcd lease granted");
-        Ok(Self {
+        let granted = call("lease grant", lease_client.grant(ttl_secs, None)).await?;
+        let ttl = Duration::from_secs(u64::try_from(granted.ttl()).unwrap_or(1).max(1));
+        let lease = Arc::new(Lease {
             client,
-            lease_id,
-            lease_lost,
-            keepalive,
+            id: granted.id(),
+            ttl,
+            records: Mutex::new(BTreeMap::new()),
+            status: state_watch::Sender::new(RegistrationStatus::held()),
             is_revoked: AtomicBool::new(false),
-        })
+        });
+        let keepalive = tokio::spawn(keep_alive(lease.clone()));
+        tracing::info!(lease_id = %format_args!("{:x}", lease.id), ttl_s = ttl.as_secs(), "etcd lease granted");
+        Ok(Self { lease, keepalive })
     }
 
     /// The underlying client, for tools that need raw etcd access (inspection, tests).
     pub fn client(&self) -> &Client {
-        &self.client
+        &self.lease.client
     }
 
     /// Stops the keep-alive as if the process had crashed, for tests: the keys disappear when
@@ -194,18 +196,73 @@ impl Drop for EtcdDiscovery {
     }
 }
 
-/// Keeps the lease alive every TTL/3; cancels `lost` once etcd says the lease is gone (not
-/// found, or renewed with a TTL of 0). An etcd that cannot be reached is asked again, however
-/// long: a restarted etcd renews every lease it held.
-async fn keep_alive(client: Client, lease_id: i64, ttl: Duration, lost: CancellationToken) {
+impl Lease {
+    fn records(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Bytes>> {
+        self.records.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn enter(&self, state: RegistrationState) {
+        RegistrationStatus::enter(&self.status, state);
+    }
+
+    /// Grants the lease again under the same id and puts every record back on it, until the
+    /// records put match the records held (a put or delete may race with this).
+    async fn reregister(&self) -> Result<()> {
+        let ttl_secs = i64::try_from(self.ttl.as_secs()).unwrap_or(i64::MAX).max(1);
+        let mut lease_client = self.client.lease_client();
+        let grant = lease_client.grant(ttl_secs, Some(LeaseGrantOptions::new().with_id(self.id)));
+        match call("lease grant", grant).await {
+            Ok(_) => {}
+            // An earlier attempt got through and only its answer was lost.
+            Err(Error::Discovery(message)) if message.contains("already exists") => {}
+            Err(error) => return Err(error),
+        }
+        let mut put_back = BTreeMap::new();
+        loop {
+            let records = self.records().clone();
+            if records == put_back {
+                return Ok(());
+            }
+            for key in put_back.keys().filter(|key| !records.contains_key(*key)) {
+                self.delete_owned(key).await?;
+            }
+            let mut kv = self.client.kv_client();
+            for (key, value) in &records {
+                let options = PutOptions::new().with_lease(self.id);
+                call("put", kv.put(key.as_str(), value.to_vec(), Some(options))).await?;
+            }
+            put_back = records;
+        }
+    }
+
+    /// Deletes `key` if it is still bound to this lease.
+    async fn delete_owned(&self, key: &str) -> Result<()> {
+        let txn = Txn::new()
+            .when([Compare::lease(key, CompareOp::Equal, self.id)])
+            .and_then([TxnOp::delete(key, None)]);
+        let mut kv = self.client.kv_client();
+        call("delete", kv.txn(txn)).await?;
+        Ok(())
+    }
+}
+
+/// Keeps the lease alive every TTL/3. An etcd that cannot be reached is asked again, however
+/// long (a restarted etcd renews every lease it held); an etcd that says the lease is gone (not
+/// found, or renewed with a TTL of 0) gets it granted again with every record put back.
+async fn keep_alive(lease: Arc<Lease>) {
+    let lease_id = lease.id;
+    let ttl = lease.ttl;
     let period = (ttl / 3).max(Duration::from_millis(300));
     let mut last_ok = Instant::now();
     let mut session = None;
     loop {
         tokio::time::sleep(period).await;
+        if lease.is_revoked.load(Ordering::SeqCst) {
+            return;
+        }
         let result = match session.as_mut() {
             None => {
-                let mut lease_client = client.lease_client();
+                let mut lease_client = lease.client.lease_client();
                 match timeout(period, lease_client.keep_alive(lease_id)).await {
                     Ok(Ok(opened)) => {
                         session = Some(opened);
@@ -234,17 +291,22 @@ async fn keep_alive(client: Client, lease_id: i64, ttl: Duration, lost: Cancella
             }
         };
         match result {
-            Ok(true) => last_ok = Instant::now(),
+            Ok(true) => {
+                last_ok = Instant::now();
+                lease.enter(RegistrationState::Held);
+            }
             Ok(false) => {
-                tracing::error!(lease_id = %format_args!("{lease_id:x}"), "etcd lease expired, lease lost");
-                lost.cancel();
-                return;
+                tracing::error!(lease_id = %format_args!("{lease_id:x}"), "etcd lease lost; re-registering");
+                lease.enter(RegistrationState::Lost);
+                session = None;
+                reregister_until_done(&lease, period).await;
+                last_ok = Instant::now();
             }
             Err(error) => {
-                // Unreachable is not expired: etcd renews every lease when it restarts or elects a
-                // leader, so only its answer (lease not found, or a TTL of 0) ends the
-                // registration. Until then the process keeps serving and keeps asking.
+                // Unreachable is not expired: only etcd's answer ends the lease. Until then the
+                // process keeps serving and keeps asking.
                 session = None;
+                lease.enter(RegistrationState::Unreachable);
                 if last_ok.elapsed() >= ttl {
                     tracing::error!(lease_id = %format_args!("{lease_id:x}"), error = %error, unreachable_for = ?last_ok.elapsed(), "etcd unreachable for longer than the lease ttl; still trying");
                 } else {
@@ -255,34 +317,60 @@ async fn keep_alive(client: Client, lease_id: i64, ttl: Duration, lost: Cancella
     }
 }
 
+/// Re-registers every `period` until it works (or the lease is revoked).
+async fn reregister_until_done(lease: &Lease, period: Duration) {
+    loop {
+        if lease.is_revoked.load(Ordering::SeqCst) {
+            return;
+        }
+        match lease.reregister().await {
+            Ok(()) => {
+                let num_keys = lease.records().len();
+                tracing::info!(lease_id = %format_args!("{:x}", lease.id), num_keys, "etcd lease granted again; records put back");
+                lease.enter(RegistrationState::Held);
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(lease_id = %format_args!("{:x}", lease.id), %error, "re-registration failed; retrying");
+                tokio::time::sleep(period).await;
+            }
+        }
+    }
+}
+
 #[async_trait]
 impl Discovery for EtcdDiscovery {
     fn instance_id(&self) -> u64 {
-        self.lease_id as u64
+        self.lease.id as u64
     }
 
     async fn put(&self, key: &str, value: Bytes) -> Result<()> {
-        if self.is_revoked.load(Ordering::SeqCst) || self.lease_lost.is_cancelled() {
+        let lease = &self.lease;
+        if lease.is_revoked.load(Ordering::SeqCst) {
             return Err(Error::LeaseLost);
         }
-        let mut kv = self.client.kv_client();
-        let options = PutOptions::new().with_lease(self.lease_id);
-        call("put", kv.put(key, value.to_vec(), Some(options))).await?;
-        Ok(())
+        lease.records().insert(key.to_owned(), value.clone());
+        let mut kv = lease.client.kv_client();
+        let options = PutOptions::new().with_lease(lease.id);
+        match call("put", kv.put(key, value.to_vec(), Some(options))).await {
+            Ok(_) => Ok(()),
+            // Held in `records`: re-registration puts it back with the others.
+            Err(Error::LeaseLost) => {
+                tracing::debug!(key = %key, "put while the lease is lost; kept for re-registration");
+                Ok(())
+            }
+            Err(error) => Err(error),
+        }
     }
 
     async fn delete(&self, key: &str) -> Result<()> {
         // Only a key still bound to this lease is ours to delete.
-        let txn = Txn::new()
-            .when([Compare::lease(key, CompareOp::Equal, self.lease_id)])
-            .and_then([TxnOp::delete(key, None)]);
-        let mut kv = self.client.kv_client();
-        call("delete", kv.txn(txn)).await?;
-        Ok(())
+        self.lease.records().remove(key);
+        self.lease.delete_owned(key).await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<KeyValue>> {
-        Ok(list_with_revision(&self.client, prefix)
+        Ok(list_with_revision(&self.lease.client, prefix)
             .await?
             .1
             .into_iter()
@@ -291,202 +379,41 @@ impl Discovery for EtcdDiscovery {
     }
 
     async fn watch(&self, prefix: &str) -> Result<WatchStream> {
-        let (revision, entries) = list_with_revision(&self.client, prefix).await?;
+        let (revision, entries) = list_with_revision(&self.lease.client, prefix).await?;
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let mut known = BTreeMap::new();
         for (key, (mod_revision, value)) in entries {
             let _ = events_tx.send(WatchEvent::Put {
                 key: key.clone(),
-                value,
+                value: value.clone(),
             });
-            known.insert(key, mod_revision);
+            known.insert(key, (mod_revision, value));
         }
-        let watcher = PrefixWatcher {
-            client: self.client.clone(),
-            prefix: prefix.to_owned(),
+        let watcher = PrefixWatcher::new(
+            self.lease.client.clone(),
+            prefix,
             revision,
             known,
             events_tx,
-        };
+        );
         tokio::spawn(watcher.run());
         Ok(Box::pin(UnboundedReceiverStream::new(events_rx)))
     }
 
     async fn revoke(&self) -> Result<()> {
-        self.is_revoked.store(true, Ordering::SeqCst);
+        let lease = &self.lease;
+        lease.is_revoked.store(true, Ordering::SeqCst);
         self.keepalive.abort();
-        let mut lease_client = self.client.lease_client();
-        match call("lease revoke", lease_client.revoke(self.lease_id)).await {
+        lease.records().clear();
+        let mut lease_client = lease.client.lease_client();
+        match call("lease revoke", lease_client.revoke(lease.id)).await {
             Ok(_) | Err(Error::LeaseLost) => Ok(()),
             Err(error) => Err(error),
         }
     }
 
-    fn lease_lost(&self) -> CancellationToken {
-        self.lease_lost.clone()
-    }
-}
-
-/// Key → (mod revision, value) under `prefix`, with the store revision it was read at.
-type Listing = (i64, BTreeMap<String, (i64, Bytes)>);
-
-async fn list_with_revision(client: &Client, prefix: &str) -> Result<Listing> {
-    let mut kv = client.kv_client();
-    let response = call("get", kv.get(prefix, Some(GetOptions::new().with_prefix()))).await?;
-    let revision = response.header().map_or(0, |header| header.revision());
-    let mut entries = BTreeMap::new();
-    for kv in response.kvs() {
-        match kv.key_str() {
-            Ok(key) => {
-                let value = Bytes::copy_from_slice(kv.value());
-                entries.insert(key.to_owned(), (kv.mod_revision(), value));
-            }
-            Err(_) => tracing::warn!(prefix = %prefix, "skipping non-utf8 etcd key"),
-        }
-    }
-    Ok((revision, entries))
-}
-
-/// One watch: resumes after errors and reconciles after compaction.
-struct PrefixWatcher {
-    client: Client,
-    prefix: String,
-    /// Every event up to this revision has been reported.
-    revision: i64,
-    /// Reported live keys and the mod revision they were reported at.
-    known: BTreeMap<String, i64>,
-    events_tx: mpsc::UnboundedSender<WatchEvent>,
-}
-
-/// Why a watch stream ended.
-enum Ended {
-    /// The consumer dropped the stream: stop.
-    Closed,
-    /// The start revision was compacted: re-list.
-    Compacted,
-    /// The stream broke: resume from the last revision.
-    Broken(String),
-}
-
-impl PrefixWatcher {
-    async fn run(mut self) {
-        let mut backoff = Duration::from_millis(100);
-        loop {
-            match self.watch_once().await {
-                Ended::Closed => return,
-                Ended::Compacted => {
-                    tracing::info!(prefix = %self.prefix, revision = self.revision, "etcd watch revision compacted, re-listing");
-                    if let Err(error) = self.relist().await {
-                        tracing::warn!(prefix = %self.prefix, error = %error, "etcd re-list failed");
-                    } else {
-                        backoff = Duration::from_millis(100);
-                        continue;
-                    }
-                }
-                Ended::Broken(error) => {
-                    tracing::warn!(prefix = %self.prefix, error = %error, "etcd watch broke, resuming");
-                }
-            }
-            tokio::select! {
-                () = self.events_tx.closed() => return,
-                () = tokio::time::sleep(backoff) => {}
-            }
-            backoff = (backoff * 2).min(MAX_WATCH_BACKOFF);
-        }
-    }
-
-    /// Watches from `revision + 1` until the stream ends.
-    async fn watch_once(&mut self) -> Ended {
-        let options = WatchOptions::new()
-            .with_prefix()
-            .with_start_revision(self.revision + 1);
-        let mut watch_client = self.client.watch_client();
-        let opened = tokio::select! {
-            () = self.events_tx.closed() => return Ended::Closed,
-            opened = timeout(REQUEST_TIMEOUT, watch_client.watch(self.prefix.as_str(), Some(options))) => opened,
-        };
-        let mut stream = match opened {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(error)) => return Ended::Broken(error.to_string()),
-            Err(_) => return Ended::Broken("timed out opening watch".into()),
-        };
-        loop {
-            let message = tokio::select! {
-                () = self.events_tx.closed() => return Ended::Closed,
-                message = stream.message() => message,
-            };
-            let response = match message {
-                Ok(Some(response)) => response,
-                Ok(None) => return Ended::Broken("watch stream closed".into()),
-                Err(error) => return Ended::Broken(error.to_string()),
-            };
-            if response.compact_revision() > 0 {
-                return Ended::Compacted;
-            }
-            if response.canceled() {
-                return Ended::Broken(format!("watch cancelled: {}", response.cancel_reason()));
-            }
-            for event in response.events() {
-                let Some(kv) = event.kv() else { continue };
-                let Ok(key) = kv.key_str() else { continue };
-                let revision = kv.mod_revision();
-                let reported = match event.event_type() {
-                    EventType::Put => self.report_put(key, revision, kv.value()),
-                    EventType::Delete => self.report_delete(key),
-                };
-                if !reported {
-                    return Ended::Closed;
-                }
-                self.revision = self.revision.max(revision);
-            }
-        }
-    }
-
-    /// Reports a put unless it was already reported; `false` once the consumer is gone.
-    fn report_put(&mut self, key: &str, mod_revision: i64, value: &[u8]) -> bool {
-        if self
-            .known
-            .get(key)
-            .is_some_and(|seen| *seen >= mod_revision)
-        {
-            return true;
-        }
-        self.known.insert(key.to_owned(), mod_revision);
-        let event = WatchEvent::Put {
-            key: key.to_owned(),
-            value: Bytes::copy_from_slice(value),
-        };
-        self.events_tx.send(event).is_ok()
-    }
-
-    /// Reports a delete of a key the consumer knows; `false` once the consumer is gone.
-    fn report_delete(&mut self, key: &str) -> bool {
-        if self.known.remove(key).is_none() {
-            return true;
-        }
-        let event = WatchEvent::Delete {
-            key: key.to_owned(),
-        };
-        self.events_tx.send(event).is_ok()
-    }
-
-    /// Re-lists the prefix and reports only what changed since the last reported state.
-    async fn relist(&mut self) -> Result<()> {
-        let (revision, entries) = list_with_revision(&self.client, &self.prefix).await?;
-        let vanished: Vec<String> = self
-            .known
-            .keys()
-            .filter(|key| !entries.contains_key(*key))
-            .cloned()
-            .collect();
-        for key in vanished {
-            self.report_delete(&key);
-        }
-        for (key, (mod_revision, value)) in entries {
-            self.report_put(&key, mod_revision, &value);
-        }
-        self.revision = revision;
-        Ok(())
+    fn registration(&self) -> state_watch::Receiver<RegistrationStatus> {
+        self.lease.status.subscribe()
     }
 }
 

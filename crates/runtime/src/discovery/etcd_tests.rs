@@ -32,9 +32,10 @@ async fn compacted_watch_relists_the_difference() {
     let mut known = BTreeMap::new();
     for (name, value) in [("same", "s"), ("changed", "old"), ("gone", "g")] {
         let response = client.put(key(name), value, None).await.unwrap();
-        known.insert(key(name), response.header().unwrap().revision());
+        let revision = response.header().unwrap().revision();
+        known.insert(key(name), (revision, Bytes::from_static(value.as_bytes())));
     }
-    let seen_revision = known[&key("gone")];
+    let seen_revision = known[&key("gone")].0;
     client.put(key("changed"), "new", None).await.unwrap();
     client.delete(key("gone"), None).await.unwrap();
     let latest = client.put(key("added"), "a", None).await.unwrap();
@@ -44,13 +45,7 @@ async fn compacted_watch_relists_the_difference() {
     let (events_tx, mut events_rx) = mpsc::unbounded_channel();
     let (client2, prefix2) = (client.clone(), prefix.clone());
     let revision = seen_revision;
-    let watcher = PrefixWatcher {
-        client: client2,
-        prefix: prefix2,
-        revision,
-        known,
-        events_tx,
-    };
+    let watcher = PrefixWatcher::new(client2, &prefix2, revision, known, events_tx);
     tokio::spawn(watcher.run());
     let mut next = async || {
         let event = timeout(Duration::from_secs(15), events_rx.recv()).await;

@@ -9,7 +9,7 @@
 //! against what they already reported, so they never report a change twice; a key that appears
 //! and vanishes between two scans may go unseen.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -22,10 +22,9 @@ use notify::Watcher as _;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnboundedReceiverStream;
-use tokio_util::sync::CancellationToken;
 
 use super::mem::random_instance_id;
-use super::{Discovery, KeyValue, WatchEvent, WatchStream};
+use super::{Discovery, KeyValue, RegistrationState, RegistrationStatus, WatchEvent, WatchStream};
 use crate::{Error, Result};
 
 /// How long a key file lives without being touched (docs/discovery.md, "Instance ids and
@@ -153,20 +152,36 @@ struct Shared {
     root: PathBuf,
     ttl: Duration,
     instance_id: u64,
-    /// Keys this process owns; held while writing or removing their files.
-    owned: Mutex<BTreeSet<String>>,
+    /// Keys this process owns, with their values; held while writing or removing their files.
+    owned: Mutex<BTreeMap<String, Bytes>>,
     is_revoked: AtomicBool,
-    lease_lost: CancellationToken,
+    registration: tokio::sync::watch::Sender<RegistrationStatus>,
     next_tmp: AtomicU64,
 }
 
 impl Shared {
     fn write(&self, key: &str, value: &[u8]) -> Result<()> {
-        let path = key_path(&self.root, key)?;
         let mut owned = self.owned.lock().unwrap_or_else(PoisonError::into_inner);
-        if self.is_revoked.load(Ordering::SeqCst) || self.lease_lost.is_cancelled() {
+        if self.is_revoked.load(Ordering::SeqCst) {
             return Err(Error::LeaseLost);
         }
+        self.write_file(key, value)?;
+        owned.insert(key.to_owned(), Bytes::copy_from_slice(value));
+        Ok(())
+    }
+
+    /// Writes every owned file again (after others judged this process gone and removed them).
+    fn rewrite_all(&self) -> Result<()> {
+        let owned = self.owned.lock().unwrap_or_else(PoisonError::into_inner);
+        for (key, value) in owned.iter() {
+            self.write_file(key, value)?;
+        }
+        Ok(())
+    }
+
+    /// Writes `value` at `key`'s path through a temporary file; the caller holds `owned`.
+    fn write_file(&self, key: &str, value: &[u8]) -> Result<()> {
+        let path = key_path(&self.root, key)?;
         let tmp_dir = self.root.join(TMP_DIR);
         std::fs::create_dir_all(&tmp_dir).map_err(|e| io_error("create", &tmp_dir, &e))?;
         let tmp = tmp_dir.join(format!(
@@ -182,14 +197,13 @@ impl Shared {
             let _ = std::fs::remove_file(&tmp);
             return Err(io_error("rename into", &path, &error));
         }
-        owned.insert(key.to_owned());
         Ok(())
     }
 
     fn remove(&self, key: &str) -> Result<()> {
         let path = key_path(&self.root, key)?;
         let mut owned = self.owned.lock().unwrap_or_else(PoisonError::into_inner);
-        if owned.remove(key) {
+        if owned.remove(key).is_some() {
             match std::fs::remove_file(&path) {
                 Err(error) if error.kind() != ErrorKind::NotFound => {
                     return Err(io_error("remove", &path, &error));
@@ -204,7 +218,7 @@ impl Shared {
         let mut owned = self.owned.lock().unwrap_or_else(PoisonError::into_inner);
         self.is_revoked.store(true, Ordering::SeqCst);
         let mut first_error = None;
-        for key in std::mem::take(&mut *owned) {
+        for key in std::mem::take(&mut *owned).into_keys() {
             let Ok(path) = key_path(&self.root, &key) else {
                 continue;
             };
@@ -223,7 +237,7 @@ impl Shared {
     fn touch_all(&self) -> bool {
         let owned = self.owned.lock().unwrap_or_else(PoisonError::into_inner);
         let now = SystemTime::now();
-        for key in owned.iter() {
+        for key in owned.keys() {
             let Ok(path) = key_path(&self.root, key) else {
                 continue;
             };
@@ -289,9 +303,9 @@ impl FileDiscovery {
             root,
             ttl,
             instance_id: random_instance_id(),
-            owned: Mutex::new(BTreeSet::new()),
+            owned: Mutex::new(BTreeMap::new()),
             is_revoked: AtomicBool::new(false),
-            lease_lost: CancellationToken::new(),
+            registration: tokio::sync::watch::Sender::new(RegistrationStatus::held()),
             next_tmp: AtomicU64::new(0),
         });
         let heartbeat = tokio::spawn(heartbeat(Arc::clone(&shared)));
@@ -330,10 +344,21 @@ async fn heartbeat(shared: Arc<Shared>) {
             move || shared.touch_all()
         })
         .await;
-        if !matches!(touched, Ok(true)) {
-            tracing::error!(instance_id = %format!("{:x}", shared.instance_id), "file discovery lease lost");
-            shared.lease_lost.cancel();
-            return;
+        if matches!(touched, Ok(true)) {
+            continue;
+        }
+        tracing::error!(instance_id = %format!("{:x}", shared.instance_id), "file discovery lease lost; writing the files again");
+        RegistrationStatus::enter(&shared.registration, RegistrationState::Lost);
+        let rewritten = blocking({
+            let shared = Arc::clone(&shared);
+            move || shared.rewrite_all()
+        })
+        .await;
+        match rewritten {
+            Ok(Ok(())) => RegistrationStatus::enter(&shared.registration, RegistrationState::Held),
+            Ok(Err(error)) | Err(error) => {
+                tracing::warn!(%error, "rewriting discovery files failed; retrying");
+            }
         }
     }
 }
@@ -385,8 +410,8 @@ impl Discovery for FileDiscovery {
         blocking(move || shared.remove_all()).await?
     }
 
-    fn lease_lost(&self) -> CancellationToken {
-        self.shared.lease_lost.clone()
+    fn registration(&self) -> tokio::sync::watch::Receiver<RegistrationStatus> {
+        self.shared.registration.subscribe()
     }
 }
 

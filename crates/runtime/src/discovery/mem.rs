@@ -12,9 +12,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
-use tokio_util::sync::CancellationToken;
 
-use super::{Discovery, KeyValue, WatchEvent, WatchStream};
+use super::{Discovery, KeyValue, RegistrationStatus, WatchEvent, WatchStream};
 use crate::{Error, Result};
 
 /// A random, non-zero u64 for backends that have no server to hand out instance ids.
@@ -112,7 +111,7 @@ pub struct MemDiscovery {
     store: MemStore,
     instance_id: u64,
     is_revoked: AtomicBool,
-    lease_lost: CancellationToken,
+    registration: tokio::sync::watch::Sender<RegistrationStatus>,
 }
 
 impl MemDiscovery {
@@ -122,13 +121,20 @@ impl MemDiscovery {
             store: store.clone(),
             instance_id: random_instance_id(),
             is_revoked: AtomicBool::new(false),
-            lease_lost: CancellationToken::new(),
+            registration: tokio::sync::watch::Sender::new(RegistrationStatus::held()),
         }
     }
 
     /// The store this handle is attached to, to attach further handles.
     pub fn store(&self) -> &MemStore {
         &self.store
+    }
+
+    /// Moves this handle's registration to `state`, for tests of what processes do when a
+    /// real backend loses or regains its lease.
+    #[doc(hidden)]
+    pub fn simulate_registration(&self, state: super::RegistrationState) {
+        RegistrationStatus::enter(&self.registration, state);
     }
 
     /// Simulates this process crashing, for tests: its keys vanish at once, as they would when
@@ -220,8 +226,8 @@ impl Discovery for MemDiscovery {
         Ok(())
     }
 
-    fn lease_lost(&self) -> CancellationToken {
-        self.lease_lost.clone()
+    fn registration(&self) -> tokio::sync::watch::Receiver<RegistrationStatus> {
+        self.registration.subscribe()
     }
 }
 

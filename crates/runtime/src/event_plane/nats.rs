@@ -33,6 +33,9 @@ const ENSURE_STREAM_ATTEMPTS: u64 = 4;
 /// Messages a consumer buffers ahead of its reader.
 const CONSUMER_CAPACITY: usize = 1024;
 
+/// How long connecting waits for the first connection before going on without one.
+const FIRST_CONNECT_WAIT: Duration = Duration::from_secs(2);
+
 /// Bound on connecting and on the subscription round trip.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -81,13 +84,16 @@ pub struct NatsEventPlane {
 impl std::fmt::Debug for NatsEventPlane {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NatsEventPlane")
-            .field("server", &self.client.server_info().host)
+            .field("state", &self.client.connection_state())
             .finish()
     }
 }
 
 impl NatsEventPlane {
-    /// Connects to `server` (a URL, or a comma list of URLs).
+    /// Connects to `server` (a URL, or a comma list of URLs). A server that cannot be reached
+    /// yet is not an error: the client keeps connecting in the background (see
+    /// [`EventPlane::is_connected`]), so a process started while NATS is down uses events as
+    /// soon as NATS is up. Only a malformed address fails.
     pub async fn connect(server: &str) -> Result<Self> {
         Self::connect_secured(server, &NatsSecurity::default()).await
     }
@@ -96,13 +102,24 @@ impl NatsEventPlane {
     pub async fn connect_secured(server: &str, security: &NatsSecurity) -> Result<Self> {
         let options = async_nats::ConnectOptions::new()
             .name("kvmesh")
-            .connection_timeout(CONNECT_TIMEOUT);
+            .connection_timeout(CONNECT_TIMEOUT)
+            .retry_on_initial_connect();
         let client = security
             .apply(options)
             .await?
             .connect(server)
             .await
             .map_err(|error| nats_error(&format!("connect {server}"), error))?;
+        // A reachable server answers within milliseconds: wait for it, so subscriptions made
+        // right after connecting are in place before they return.
+        let waited = tokio::time::Instant::now();
+        while client.connection_state() != async_nats::connection::State::Connected {
+            if waited.elapsed() >= FIRST_CONNECT_WAIT {
+                tracing::warn!(%server, "nats not reachable yet; connecting in the background");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let jetstream = jetstream::new(client.clone());
         Ok(Self { client, jetstream })
     }
@@ -146,6 +163,11 @@ impl NatsEventPlane {
 impl EventPlane for NatsEventPlane {
     async fn publish(&self, subject: &str, payload: Bytes) -> Result<()> {
         validate_subject(subject, false)?;
+        // Disconnected, the client would queue publishes until its buffer fills and then block
+        // the publisher: a plain event is worth nothing late, so it is dropped instead.
+        if !self.is_connected() {
+            return Err(Error::EventPlane("nats publish: not connected".into()));
+        }
         self.client
             .publish(subject.to_owned(), payload)
             .await
@@ -160,7 +182,10 @@ impl EventPlane for NatsEventPlane {
             .await
             .map_err(|error| nats_error("subscribe", error))?;
         // Callers expect messages published after this returns (from any connection) to arrive.
-        self.round_trip().await?;
+        // Not connected, the subscription is sent once the client connects.
+        if self.is_connected() {
+            self.round_trip().await?;
+        }
         Ok(Box::pin(subscriber.map(|message| Message {
             subject: message.subject.to_string(),
             payload: message.payload,
@@ -245,21 +270,18 @@ impl EventPlane for NatsEventPlane {
             validate_subject(filter, true)?;
         }
         let start_sequence = start_sequence.max(1);
-        let config = consumer::pull::OrderedConfig {
+        let source = ConsumerSource {
+            jetstream: self.jetstream.clone(),
+            stream: stream.to_owned(),
             filter_subject: covering_filter(filters).unwrap_or_default(),
-            deliver_policy: consumer::DeliverPolicy::ByStartSequence { start_sequence },
-            ..Default::default()
         };
-        let ordered = self
-            .jetstream
-            .create_consumer_on_stream(config, stream)
-            .await
-            .map_err(|error| nats_error(&format!("consume {stream}"), error))?
-            .messages()
+        let ordered = source
+            .open(start_sequence)
             .await
             .map_err(|error| nats_error(&format!("consume {stream}"), error))?;
         let (messages_tx, messages_rx) = mpsc::channel(CONSUMER_CAPACITY);
         tokio::spawn(forward(
+            source,
             ordered,
             filters.to_vec(),
             start_sequence,
@@ -285,11 +307,46 @@ impl EventPlane for NatsEventPlane {
             .map_err(|error| nats_error(&format!("stream {stream}"), error))?;
         Ok(found.cached_info().state.first_sequence)
     }
+
+    fn is_connected(&self) -> bool {
+        self.client.connection_state() == async_nats::connection::State::Connected
+    }
 }
 
+/// Where a durable subscription reads from, to open its consumer again.
+struct ConsumerSource {
+    jetstream: jetstream::Context,
+    stream: String,
+    filter_subject: String,
+}
+
+impl ConsumerSource {
+    /// An ordered consumer from `start_sequence`.
+    async fn open(&self, start_sequence: u64) -> Result<consumer::pull::Ordered, String> {
+        let config = consumer::pull::OrderedConfig {
+            filter_subject: self.filter_subject.clone(),
+            deliver_policy: consumer::DeliverPolicy::ByStartSequence { start_sequence },
+            ..Default::default()
+        };
+        self.jetstream
+            .create_consumer_on_stream(config, self.stream.as_str())
+            .await
+            .map_err(|error| error.to_string())?
+            .messages()
+            .await
+            .map_err(|error| error.to_string())
+    }
+}
+
+/// Longest pause between two attempts to open a failed consumer again.
+const MAX_REOPEN_BACKOFF: Duration = Duration::from_secs(2);
+
 /// Moves consumer messages to the subscription in stream order, dropping any the ordered
-/// consumer redelivers after recreating itself and subjects outside `filters`.
+/// consumer redelivers and subjects outside `filters`. An error is passed on and the consumer is
+/// opened again after the last message passed on: a restarted NATS forgets ephemeral consumers,
+/// and the ordered consumer does not always recreate itself then.
 async fn forward(
+    source: ConsumerSource,
     mut ordered: consumer::pull::Ordered,
     filters: Vec<String>,
     start_sequence: u64,
@@ -302,12 +359,7 @@ async fn forward(
             item = ordered.next() => item,
         };
         let outcome = match item {
-            None => {
-                let _ = messages_tx
-                    .send(Err(Error::EventPlane("nats consumer ended".into())))
-                    .await;
-                return;
-            }
+            None => Err(Error::EventPlane("nats consumer ended".into())),
             Some(Err(error)) => Err(nats_error("consume", error)),
             Some(Ok(message)) => match message.info() {
                 Ok(info) => Ok((info.stream_sequence, message)),
@@ -317,12 +369,14 @@ async fn forward(
         let (sequence, message) = match outcome {
             Ok(found) => found,
             Err(error) => {
-                tracing::warn!(error = %error, "stream consumer error");
+                tracing::warn!(stream = %source.stream, error = %error, "stream consumer error; opening it again");
                 if messages_tx.send(Err(error)).await.is_err() {
                     return;
                 }
-                // Errors tend to repeat (server down): do not spin.
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                match reopen(&source, next, &messages_tx).await {
+                    Some(reopened) => ordered = reopened,
+                    None => return,
+                }
                 continue;
             }
         };
@@ -345,6 +399,32 @@ async fn forward(
         };
         if messages_tx.send(Ok(stream_message)).await.is_err() {
             return;
+        }
+    }
+}
+
+/// Opens the consumer again from `next`, backing off while it fails; `None` once the reader is
+/// gone.
+async fn reopen(
+    source: &ConsumerSource,
+    next: u64,
+    messages_tx: &mpsc::Sender<Result<StreamMessage>>,
+) -> Option<consumer::pull::Ordered> {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        tokio::select! {
+            () = messages_tx.closed() => return None,
+            () = tokio::time::sleep(backoff) => {}
+        }
+        match source.open(next).await {
+            Ok(ordered) => {
+                tracing::info!(stream = %source.stream, next, "stream consumer opened again");
+                return Some(ordered);
+            }
+            Err(error) => {
+                tracing::debug!(stream = %source.stream, %error, "opening the stream consumer failed");
+                backoff = (backoff * 2).min(MAX_REOPEN_BACKOFF);
+            }
         }
     }
 }

@@ -25,8 +25,11 @@ pub async fn list_models(State(state): State<Arc<AppState>>) -> Response {
     axum::Json(json!({"object": "list", "data": data})).into_response()
 }
 
-/// `GET /health`: 200 when at least one model is ready.
+/// `GET /health`: 200 when at least one model is ready; `degraded` (still 200) with its reasons
+/// while the discovery registration is lost or unreachable or the event plane is down.
 pub async fn health(State(state): State<Arc<AppState>>) -> Response {
+    let report = state.dependencies.report();
+    let degraded = report.reasons();
     let table = state.models.load();
     let ready: Vec<&str> = table
         .values()
@@ -38,10 +41,13 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Response {
         .map(|entry| entry.routing.workers().len())
         .sum();
     if ready.is_empty() || state.draining.load(std::sync::atomic::Ordering::Acquire) {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(json!({"status": "unhealthy", "models": ready})),
-        )
+        let mut body = json!({"status": "unhealthy", "models": ready});
+        if !degraded.is_empty() {
+            body["degraded"] = json!(degraded);
+        }
+        (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response()
+    } else if !degraded.is_empty() {
+        axum::Json(json!({"status": "degraded", "models": ready, "num_instances": instances, "degraded": degraded}))
             .into_response()
     } else {
         axum::Json(json!({"status": "healthy", "models": ready, "num_instances": instances}))
@@ -67,6 +73,9 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .filter_map(|entry| entry.router.hash_cache_stats())
         .fold(PrefixStats::default(), |sum, stats| sum + stats);
     state.preprocess.publish_cache_stats(block_hashes);
+    state
+        .dependency_metrics
+        .observe(&state.dependencies.report());
     let text = kvmesh_runtime::telemetry::encode_metrics(&state.metrics.registry);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

@@ -1,0 +1,212 @@
+"""Fault drills of the discovery and event planes on real processes, with a private etcd and NATS
+each test starts, kills and restarts (docs/security.md, "Faults survived").
+
+- etcd restarted empty (every lease lost) under load: every process keeps serving, /health says
+  degraded while the registrations are lost, then healthy again with the same workers; no request
+  fails.
+- NATS down when the mesh starts: the frontend serves, /health says kv routing is degraded, and
+  once NATS is up the event plane connects and /health is healthy again; NATS killed and
+  restarted under load loses no request.
+"""
+import base64
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+
+import requests
+
+from conftest import TINY_MODEL, Mesh, Proc, free_port, wait_ready, wait_until
+
+
+class Server:
+    """etcd or nats-server on free ports, killable and restartable."""
+
+    def __init__(self, kind):
+        self.kind = kind
+        self.port = free_port()
+        self.peer = free_port()
+        self.data = tempfile.mkdtemp(prefix=f"kvmesh-drill-{kind}-")
+        self.proc = None
+
+    @property
+    def url(self):
+        return f"{'http' if self.kind == 'etcd' else 'nats'}://127.0.0.1:{self.port}"
+
+    def start(self, fresh=False):
+        if fresh:
+            shutil.rmtree(self.data, ignore_errors=True)
+            self.data = tempfile.mkdtemp(prefix=f"kvmesh-drill-{self.kind}-")
+        if self.kind == "etcd":
+            peer = f"http://127.0.0.1:{self.peer}"
+            args = ["etcd", "--data-dir", self.data, "--name", "drill", "--listen-client-urls", self.url,
+                    "--advertise-client-urls", self.url, "--listen-peer-urls", peer,
+                    "--initial-advertise-peer-urls", peer, "--initial-cluster", f"drill={peer}"]
+        else:
+            args = ["nats-server", "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", self.data]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def kill(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def close(self):
+        self.kill()
+        shutil.rmtree(self.data, ignore_errors=True)
+
+
+def start_mesh(etcd, nats, num_workers=2, wait=True):
+    namespace = f"d{uuid.uuid4().hex[:10]}"
+    env = {"DYN_DISCOVERY_BACKEND": "etcd", "ETCD_ENDPOINTS": etcd.url, "NATS_SERVER": nats.url}
+    port = free_port()
+    frontend = Proc("frontend", ["kvmesh-frontend", "--http-host", "127.0.0.1", "--http-port", str(port),
+                                 "--namespace", namespace, "--router-mode", "kv"], env)
+    mockers = [Proc(f"mocker{i}", ["kvmesh-mocker", "--model-path", str(TINY_MODEL), "--model-name", "tiny",
+                                   "--endpoint", f"dyn://{namespace}.backend.generate", "--speedup-ratio", "100",
+                                   "--block-size", "16", "--tcp-rpc-port", str(free_port())], env)
+               for i in range(num_workers)]
+    mesh = Mesh(f"http://127.0.0.1:{port}", [frontend, *mockers], namespace)
+    if wait:
+        try:
+            wait_ready(mesh.base_url, "tiny", num_workers, mesh.procs)
+        except BaseException:
+            mesh.print_logs()
+            mesh.stop()
+            raise
+    return mesh
+
+
+def etcd_keys(etcd, prefix):
+    """The keys under `prefix`, through etcd's JSON gateway."""
+    end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+    body = {"key": base64.b64encode(prefix.encode()).decode(),
+            "range_end": base64.b64encode(end.encode()).decode(), "keys_only": True}
+    kvs = requests.post(f"{etcd.url}/v3/kv/range", json=body, timeout=5).json().get("kvs", [])
+    return [base64.b64decode(kv["key"]).decode() for kv in kvs]
+
+
+def health(mesh):
+    r = requests.get(f"{mesh.base_url}/health", timeout=2)
+    return r.status_code, r.json()
+
+
+class Load:
+    """Completions sent back to back from a few threads; counts outcomes."""
+
+    def __init__(self, mesh, threads=8):
+        self.mesh, self.stop_flag = mesh, threading.Event()
+        self.ok, self.failed = 0, []
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self.run, args=(i,)) for i in range(threads)]
+
+    def run(self, index):
+        n = 0
+        while not self.stop_flag.is_set():
+            n += 1
+            prompt = [10 + (index * 31 + n * 7 + j) % 200 for j in range(40)]
+            try:
+                r = requests.post(f"{self.mesh.base_url}/v1/completions",
+                                  json={"model": "tiny", "prompt": prompt, "max_tokens": 8}, timeout=30)
+                with self.lock:
+                    if r.status_code == 200:
+                        self.ok += 1
+                    else:
+                        self.failed.append((r.status_code, r.text[:200]))
+            except requests.RequestException as e:
+                with self.lock:
+                    self.failed.append(("exception", str(e)[:200]))
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop_flag.set()
+        for t in self.threads:
+            t.join(timeout=60)
+
+
+def metric(mesh, name):
+    text = requests.get(f"{mesh.base_url}/metrics", timeout=5).text
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_etcd_restored_empty_under_load_degrades_then_recovers_without_a_failed_request():
+    etcd, nats = Server("etcd"), Server("nats")
+    etcd.start()
+    nats.start()
+    mesh = None
+    try:
+        mesh = start_mesh(etcd, nats)
+        assert health(mesh)[1]["status"] == "healthy"
+        assert metric(mesh, "kvmesh_discovery_registered") == 1
+        with Load(mesh) as load:
+            time.sleep(2)
+            etcd.kill()
+            wait_until(lambda: health(mesh)[1]["status"] == "degraded", timeout=15, what="degraded while etcd is down")
+            body = health(mesh)[1]
+            assert any("discovery" in reason for reason in body["degraded"]), body
+            assert metric(mesh, "kvmesh_discovery_registered") == 0
+            time.sleep(3)
+            etcd.start(fresh=True)  # every lease is gone: the processes must register again
+            wait_until(lambda: health(mesh)[1]["status"] == "healthy", timeout=30, what="healthy again")
+            time.sleep(2)
+        assert load.ok > 50, load.ok
+        assert not load.failed, load.failed[:5]
+        status, body = health(mesh)
+        assert status == 200 and body["num_instances"] == 2, body
+        assert metric(mesh, "kvmesh_discovery_lease_losses_total") == 1
+        for proc in mesh.procs:
+            assert proc.alive(), f"{proc.name} exited:\n{proc.output()[-3000:]}"
+            assert "etcd lease granted again" in proc.output(), proc.name
+        listed = etcd_keys(etcd, f"/kvmesh/{mesh.namespace}/")
+        assert len([k for k in listed if "/instances/backend/" in k]) == 2, listed
+        assert len([k for k in listed if "/models/" in k]) == 2, listed
+    finally:
+        if mesh:
+            mesh.stop()
+        etcd.close()
+        nats.close()
+
+
+def test_nats_down_at_start_then_up_and_restarted_under_load():
+    etcd, nats = Server("etcd"), Server("nats")
+    etcd.start()
+    mesh = None
+    try:
+        mesh = start_mesh(etcd, nats, wait=False)
+        wait_ready(mesh.base_url, "tiny", 2, mesh.procs)
+        status, body = health(mesh)
+        assert status == 200 and body["status"] == "degraded", body
+        assert any("event plane" in reason for reason in body["degraded"]), body
+        assert metric(mesh, "kvmesh_event_plane_connected") == 0
+        r = requests.post(f"{mesh.base_url}/v1/completions",
+                          json={"model": "tiny", "prompt": [5] * 40, "max_tokens": 4}, timeout=30)
+        assert r.status_code == 200, r.text
+        nats.start()
+        wait_until(lambda: health(mesh)[1]["status"] == "healthy", timeout=30, what="healthy once NATS is up")
+        assert metric(mesh, "kvmesh_event_plane_connected") == 1
+        with Load(mesh) as load:
+            time.sleep(2)
+            nats.kill()
+            wait_until(lambda: health(mesh)[1]["status"] == "degraded", timeout=15, what="degraded without NATS")
+            time.sleep(2)
+            nats.start()
+            wait_until(lambda: health(mesh)[1]["status"] == "healthy", timeout=30, what="healthy after the restart")
+            time.sleep(2)
+        assert load.ok > 50, load.ok
+        assert not load.failed, load.failed[:5]
+        for proc in mesh.procs:
+            assert proc.alive(), f"{proc.name} exited:\n{proc.output()[-3000:]}"
+    finally:
+        if mesh:
+            mesh.stop()
+        etcd.close()
+        nats.close()
