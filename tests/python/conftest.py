@@ -256,4 +256,4 @@ def assert_prefix_follows_the_cache(mesh, block, settle=1.0, seed=7):
 # Session-wide worker processes (the Rust mock engine and the Python vLLM worker), shared by the
 # Worker conformance suite and the vLLM end-to-end tests. Imported last: worker_impls uses the
 # helpers above.
-from worker_impls import mocker_worker, vllm_model, vllm_workers  # noqa: E402,F401
+from worker_impls import mesh_pki, mocker_worker, vllm_model, vllm_workers  # noqa: E402,F401

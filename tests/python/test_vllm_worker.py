@@ -14,10 +14,11 @@ from worker_impls import BLOCK_SIZE
 
 
 @pytest.fixture(scope="module")
-def vllm_mesh(vllm_workers):
+def vllm_mesh(vllm_workers, mesh_pki):
     namespace = vllm_workers[0].namespace
+    # The workers serve mutual TLS: the frontend and the indexer are members of the same mesh CA.
     env = {"DYN_DISCOVERY_BACKEND": "etcd", "ETCD_ENDPOINTS": require_env("ETCD_ENDPOINTS"),
-           "NATS_SERVER": require_env("NATS_SERVER")}
+           "NATS_SERVER": require_env("NATS_SERVER"), **mesh_pki.mesh_env()}
     port = free_port()
     indexer_port = free_port()
     frontend = Proc("frontend-vllm", ["kvmesh-frontend", "--http-host", "127.0.0.1", "--http-port", str(port),
@@ -26,6 +27,7 @@ def vllm_mesh(vllm_workers):
                    {**env, "DYN_NAMESPACE": namespace})
     mesh = Mesh(f"http://127.0.0.1:{port}", [frontend, indexer], namespace)
     mesh.workers = vllm_workers
+    mesh.pki = mesh_pki
     mesh.indexer_rpc = f"127.0.0.1:{indexer_port}"
     try:
         wait_ready(mesh.base_url, "tiny", 2, [frontend, indexer])
@@ -52,7 +54,7 @@ def test_openai_sdk_unary_and_streamed_chat(vllm_mesh):
 
 def find_matches(mesh, prompt):
     pb = proto_stubs()
-    with grpc.insecure_channel(mesh.indexer_rpc) as channel:
+    with mesh.pki.channel(mesh.indexer_rpc) as channel:
         stub = pb["indexer_pb2_grpc"].IndexerStub(channel)
         return stub.FindMatches(pb["indexer_pb2"].FindMatchesRequest(model="tiny", token_ids=prompt), timeout=5)
 
@@ -72,6 +74,30 @@ def test_shared_prefix_goes_to_the_worker_that_holds_it(vllm_mesh):
         assert complete_on(vllm_mesh, prefix + [40 + i, 50 + i]) == first
 
 
+def test_the_worker_admits_only_members_of_the_mesh_ca(vllm_mesh):
+    """`--tcp-tls-*` on the Python worker: a certificate of the mesh CA gets in (as the Rust
+    frontend's did for every request above); another CA's certificate, none, or plaintext do not."""
+    pb = proto_stubs()
+    worker = vllm_mesh.workers[0]
+    request = pb["worker_pb2"].GetLoadRequest()
+
+    def get_load(channel):
+        with channel:
+            return pb["worker_pb2_grpc"].WorkerStub(channel).GetLoad(request, timeout=5)
+
+    assert get_load(worker.channel()).ranks[0].worker_id == worker.instance_id
+    refused = {
+        "another CA": vllm_mesh.pki.channel(worker.address, vllm_mesh.pki.outsider),
+        "plaintext": grpc.insecure_channel(worker.address),
+        "no certificate": grpc.secure_channel(worker.address, grpc.ssl_channel_credentials(
+            root_certificates=vllm_mesh.pki.ca.pem.read_bytes())),
+    }
+    for name, channel in refused.items():
+        with pytest.raises(grpc.RpcError) as caught:
+            get_load(channel)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE, (name, caught.value)
+
+
 def test_builtin_vllm_processor_serves_chat_in_front_of_the_workers(vllm_mesh):
     """`--dyn-chat-processor vllm`: the frontend spawns a processor host in the vLLM environment,
     which templates, tokenizes and detokenizes with vLLM's own code; the workers generate."""
@@ -81,7 +107,7 @@ def test_builtin_vllm_processor_serves_chat_in_front_of_the_workers(vllm_mesh):
     from worker_impls import vllm_python
     env = {"DYN_DISCOVERY_BACKEND": "etcd", "ETCD_ENDPOINTS": require_env("ETCD_ENDPOINTS"),
            "NATS_SERVER": require_env("NATS_SERVER"), "VIRTUAL_ENV": str(Path(vllm_python()).parent.parent),
-           "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+           "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", **vllm_mesh.pki.mesh_env()}
     port = free_port()
     frontend = Proc("frontend-vllm-processor", ["kvmesh-frontend", "--http-host", "127.0.0.1", "--http-port", str(port),
                                                 "--namespace", vllm_mesh.namespace, "--router-mode", "kv",

@@ -42,7 +42,7 @@ def worker(request):
 
 
 def stub(worker):
-    channel = grpc.insecure_channel(worker.address)
+    channel = worker.channel()
     return pb["worker_pb2_grpc"].WorkerStub(channel), channel
 
 

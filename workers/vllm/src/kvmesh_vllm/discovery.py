@@ -23,7 +23,7 @@ from pathlib import Path
 import aiohttp
 from google.protobuf import json_format
 
-from kvmesh_vllm import names
+from kvmesh_vllm import names, security
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +49,32 @@ class EtcdDiscovery:
         self._session: aiohttp.ClientSession | None = None
         self.instance_id = 0
 
-    async def _post(self, path: str, body: dict) -> dict:
+    async def _authenticate(self) -> None:
+        """Gets a token for ETCD_AUTH_USERNAME (etcd's tokens expire: called again on a 401)."""
+        user = security.etcd_user()
+        if user is not None:
+            self._session.headers.pop("Authorization", None)
+            answer = await self._post("/v3/auth/authenticate", {"name": user[0], "password": user[1]},
+                                      retry_auth=False)
+            self._session.headers["Authorization"] = answer["token"]
+
+    async def _post(self, path: str, body: dict, retry_auth: bool = True) -> dict:
+        try:
+            return await self._post_once(path, body)
+        except PermissionError:
+            if not retry_auth or security.etcd_user() is None:
+                raise RuntimeError(f"etcd {path}: not authorized") from None
+            await self._authenticate()
+            return await self._post_once(path, body)
+
+    async def _post_once(self, path: str, body: dict) -> dict:
         last_error = None
         for endpoint in self._endpoints:
             try:
                 async with self._session.post(f"{endpoint}{path}", json=body) as response:
                     text = await response.text()
+                    if response.status == 401:
+                        raise PermissionError(text[:200])
                     if response.status != 200:
                         raise RuntimeError(f"etcd {path}: HTTP {response.status}: {text[:200]}")
                     # Streaming endpoints (keepalive) answer {"result": {...}}.
@@ -66,7 +86,12 @@ class EtcdDiscovery:
 
     async def start(self) -> int:
         """Grants the lease; its id is this worker's instance id."""
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
+        context = security.etcd_ssl()
+        connector = aiohttp.TCPConnector(ssl=context) if context is not None else None
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5), connector=connector)
+        if context is not None:
+            self._endpoints = [e.replace("http://", "https://", 1) for e in self._endpoints]
+        await self._authenticate()
         granted = await self._post("/v3/lease/grant", {"TTL": self._ttl})
         self.instance_id = int(granted["ID"])
         return self.instance_id

@@ -18,7 +18,7 @@ import grpc
 import nats
 import xxhash
 
-from kvmesh_vllm import names
+from kvmesh_vllm import names, security
 from kvmesh_vllm.bridge import KvBridge, find_bridge
 from kvmesh_vllm.contracts import discovery_pb2, worker_pb2_grpc
 from kvmesh_vllm.discovery import LeaseLost, open_discovery, record_json
@@ -82,7 +82,7 @@ def card_checksum(card: discovery_pb2.ModelCard) -> str:
 
 async def publish_load(board: LoadBoard, nats_url: str, subject: str, interval: float) -> None:
     """Publishes the load on the event plane whenever it changed, at most every `interval`."""
-    client = await nats.connect(nats_url, max_reconnect_attempts=-1)
+    client = await nats.connect(nats_url, max_reconnect_attempts=-1, **security.nats_options())
     try:
         while True:
             await asyncio.get_running_loop().run_in_executor(None, board.changed.wait, 1.0)
@@ -115,7 +115,9 @@ async def run(options, engine_argv: list[str]) -> int:
 
     server = grpc.aio.server()
     worker_pb2_grpc.add_WorkerServicer_to_server(service, server)
-    port = server.add_insecure_port(f"{options.tcp_rpc_host}:{options.tcp_rpc_port}")
+    tls = security.server_tls(options)
+    listen = f"{options.tcp_rpc_host}:{options.tcp_rpc_port}"
+    port = server.add_secure_port(listen, tls.credentials()) if tls else server.add_insecure_port(listen)
     if port == 0:
         raise SystemExit(f"cannot listen on {options.tcp_rpc_host}:{options.tcp_rpc_port}")
     await server.start()

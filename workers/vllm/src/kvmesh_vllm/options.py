@@ -65,6 +65,11 @@ def parser() -> argparse.ArgumentParser:
                    help="published in the model card: how often a request may move to another worker")
     p.add_argument("--load-interval", type=float, default=float(_env("KVMESH_VLLM_LOAD_INTERVAL", "0.1")),
                    help="seconds between load reports when the load changed")
+    p.add_argument("--tcp-tls-cert-path", default=_env("DYN_TCP_TLS_CERT_PATH"),
+                   help="PEM certificate of the worker's gRPC server (TLS)")
+    p.add_argument("--tcp-tls-key-path", default=_env("DYN_TCP_TLS_KEY_PATH"), help="its PEM private key")
+    p.add_argument("--tcp-tls-client-ca-cert-path", default=_env("DYN_TCP_TLS_CLIENT_CA_CERT_PATH"),
+                   help="PEM CA client certificates must chain to (mutual TLS)")
     p.add_argument("--log-level", default=_env("KVMESH_VLLM_LOG_LEVEL", "INFO"))
     return p
 
