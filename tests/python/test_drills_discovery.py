@@ -10,6 +10,7 @@ each test starts, kills and restarts (docs/security.md, "Faults survived").
 """
 import base64
 import shutil
+import socket
 import subprocess
 import tempfile
 import threading
@@ -47,6 +48,16 @@ class Server:
         else:
             args = ["nats-server", "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", self.data]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # Ready before anything is started against it (a process that finds etcd refusing
+        # connections at start exits: only a registration already made is kept through an outage).
+        wait_until(self.ready, timeout=20, interval=0.05, what=f"{self.kind} on port {self.port}")
+
+    def ready(self):
+        assert self.proc.poll() is None, f"{self.kind} exited"
+        if self.kind == "etcd":
+            return requests.get(f"{self.url}/health", timeout=1).status_code == 200
+        with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+            return True
 
     def kill(self):
         if self.proc and self.proc.poll() is None:

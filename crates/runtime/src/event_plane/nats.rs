@@ -33,9 +33,6 @@ const ENSURE_STREAM_ATTEMPTS: u64 = 4;
 /// Messages a consumer buffers ahead of its reader.
 const CONSUMER_CAPACITY: usize = 1024;
 
-/// How long connecting waits for the first connection before going on without one.
-const FIRST_CONNECT_WAIT: Duration = Duration::from_secs(2);
-
 /// Bound on connecting and on the subscription round trip.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -98,28 +95,45 @@ impl NatsEventPlane {
         Self::connect_secured(server, &NatsSecurity::default()).await
     }
 
-    /// Connects to `server` with TLS and credentials.
+    /// Connects to `server` with TLS and credentials. A first attempt tells a refusal from an
+    /// outage: credentials the server refuses fail here (a configuration error, retrying would
+    /// never help), while a server that cannot be reached (or not over TLS yet) is connected to
+    /// in the background.
     pub async fn connect_secured(server: &str, security: &NatsSecurity) -> Result<Self> {
-        let options = async_nats::ConnectOptions::new()
-            .name("kvmesh")
-            .connection_timeout(CONNECT_TIMEOUT)
-            .retry_on_initial_connect();
-        let client = security
-            .apply(options)
-            .await?
-            .connect(server)
-            .await
-            .map_err(|error| nats_error(&format!("connect {server}"), error))?;
-        // A reachable server answers within milliseconds: wait for it, so subscriptions made
-        // right after connecting are in place before they return.
-        let waited = tokio::time::Instant::now();
-        while client.connection_state() != async_nats::connection::State::Connected {
-            if waited.elapsed() >= FIRST_CONNECT_WAIT {
-                tracing::warn!(%server, "nats not reachable yet; connecting in the background");
-                break;
+        let options = |retry: bool| async move {
+            let options = async_nats::ConnectOptions::new()
+                .name("kvmesh")
+                .connection_timeout(CONNECT_TIMEOUT);
+            let options = if retry {
+                options.retry_on_initial_connect()
+            } else {
+                options
+            };
+            security.apply(options).await
+        };
+        let client = match options(false).await?.connect(server).await {
+            Ok(client) => client,
+            Err(error)
+                if matches!(
+                    error.kind(),
+                    async_nats::ConnectErrorKind::AuthorizationViolation
+                        | async_nats::ConnectErrorKind::Authentication
+                ) =>
+            {
+                return Err(nats_error(
+                    &format!("connect {server} (credentials refused)"),
+                    error,
+                ));
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+            Err(error) => {
+                tracing::warn!(%server, %error, "nats not reachable yet; connecting in the background");
+                options(true)
+                    .await?
+                    .connect(server)
+                    .await
+                    .map_err(|error| nats_error(&format!("connect {server}"), error))?
+            }
+        };
         let jetstream = jetstream::new(client.clone());
         Ok(Self { client, jetstream })
     }
