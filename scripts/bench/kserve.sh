@@ -2,7 +2,9 @@
 # kserve.sh KVMESH_BIN [SECS]
 # The KServe edge's two figures (docs/benchmarks.md, "KServe gRPC edge"):
 # 1. unary ModelInfer against /v1/completions of the same `kvmesh up` (speed-up 1e6 mock workers,
-#    concurrency 64, 16 output tokens), phases alternating three times, server CPU per request;
+#    concurrency 64, 16 output tokens), phases alternating three times, server CPU per request:
+#    first with the gRPC callers multiplexed on one HTTP/2 connection (a gRPC channel, the way
+#    gRPC clients call), then with each caller on its own connection (as HTTP/1.1 needs);
 # 2. one ModelStreamInfer stream with 64 streaming requests in flight on a real-time mock engine
 #    (32 output tokens, about 200 ms a request alone), against one request alone.
 # Prints the two JSON reports of `kvmesh bench kserve`.
@@ -23,8 +25,10 @@ up() {
 up 1000000
 "$BIN" bench kserve --grpc "127.0.0.1:$GRPC" --http "127.0.0.1:$HTTP" --concurrency 64 --max-tokens 16 \
   --duration 1 --rounds 1 >/dev/null
-"$BIN" bench kserve --grpc "127.0.0.1:$GRPC" --http "127.0.0.1:$HTTP" --concurrency 64 --max-tokens 16 \
-  --duration "$D" --rounds 3 --server-pid "$pid"
+for connections in 1 0; do
+  "$BIN" bench kserve --grpc "127.0.0.1:$GRPC" --http "127.0.0.1:$HTTP" --concurrency 64 --max-tokens 16 \
+    --grpc-connections "$connections" --duration "$D" --rounds 3 --server-pid "$pid"
+done
 stop
 up 1
 "$BIN" bench kserve --grpc "127.0.0.1:$GRPC" --stream --concurrency 64 --max-tokens 32 --rounds 5

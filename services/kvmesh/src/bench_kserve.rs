@@ -1,11 +1,13 @@
 //! `kvmesh bench kserve`: load on a running frontend's KServe gRPC edge, side by side with its
 //! own `POST /v1/completions` (the path KServe requests map to) in the same run.
 //!
-//! Unary mode: `--concurrency` callers, each on its own connection, send unary `ModelInfer`
-//! (then non-streaming completions) back to back; the phases alternate for `--rounds` so that
-//! drift of the machine hits both; reported are requests per second and, with `--server-pid`,
-//! the server's CPU milliseconds per request (from `/proc/PID/stat`, in the kernel's fixed
-//! 100 Hz user ticks). Stream mode (`--stream`): one `ModelStreamInfer` stream with
+//! Unary mode: `--concurrency` callers send unary `ModelInfer` (then non-streaming completions)
+//! back to back; the gRPC callers share `--grpc-connections` HTTP/2 connections (0: one each;
+//! gRPC clients multiplex calls on a few channels), the HTTP callers each have their own
+//! HTTP/1.1 connection (HTTP/1.1 cannot multiplex). The phases alternate for `--rounds` so that
+//! drift of the machine hits both; reported are requests per second, the load generator's own
+//! CPU milliseconds per request and, with `--server-pid`, the server's (from `/proc/PID/stat`,
+//! in the kernel's fixed 100 Hz user ticks). Stream mode (`--stream`): one `ModelStreamInfer` stream with
 //! `--concurrency` streaming requests written at once, timed against one request alone.
 
 use std::time::{Duration, Instant};
@@ -35,6 +37,9 @@ pub struct KserveBench {
     /// Concurrent callers (unary) or requests in flight on the one stream (`--stream`).
     #[arg(long, default_value_t = 64)]
     pub concurrency: usize,
+    /// HTTP/2 connections the unary gRPC callers share, round-robin (0: one per caller).
+    #[arg(long, default_value_t = 0)]
+    pub grpc_connections: usize,
     /// Output tokens per request (EOS ignored).
     #[arg(long, default_value_t = 16)]
     pub max_tokens: u32,
@@ -70,6 +75,7 @@ struct Phase {
     failures: u64,
     seconds: f64,
     cpu_seconds: f64,
+    client_cpu_seconds: f64,
 }
 
 impl Phase {
@@ -78,6 +84,7 @@ impl Phase {
         self.failures += other.failures;
         self.seconds += other.seconds;
         self.cpu_seconds += other.cpu_seconds;
+        self.client_cpu_seconds += other.client_cpu_seconds;
     }
 
     fn json(&self) -> serde_json::Value {
@@ -86,20 +93,23 @@ impl Phase {
             "failures": self.failures,
             "rps": self.requests as f64 / self.seconds.max(1e-9),
             "cpu_ms_per_request": self.cpu_seconds * 1000.0 / (self.requests.max(1) as f64),
+            "client_cpu_ms_per_request":
+                self.client_cpu_seconds * 1000.0 / (self.requests.max(1) as f64),
         })
     }
 }
 
 async fn unary_report(args: &KserveBench) -> anyhow::Result<serde_json::Value> {
     let (mut kserve, mut completions) = (Phase::default(), Phase::default());
+    let channels = grpc_channels(args).await?;
     for _ in 0..args.rounds.max(1) {
-        kserve.add(phase(args, |i| kserve_caller(args, i)).await?);
+        kserve.add(phase(args, |i| kserve_caller(args, &channels, i)).await?);
         if let Some(http) = &args.http {
             completions.add(phase(args, |i| http_caller(args, http, i)).await?);
         }
     }
     let mut report = serde_json::json!({"concurrency": args.concurrency, "max_tokens": args.max_tokens,
-        "kserve_infer": kserve.json()});
+        "grpc_connections": channels.len(), "kserve_infer": kserve.json()});
     if args.http.is_some() {
         let rps = |p: &Phase| p.requests as f64 / p.seconds.max(1e-9);
         report["completions"] = completions.json();
@@ -115,6 +125,7 @@ where
     Fut: Future<Output = anyhow::Result<(u64, u64)>> + Send + 'static,
 {
     let cpu_before = cpu_seconds(args.server_pid)?;
+    let client_before = cpu_seconds(Some(std::process::id()))?;
     let started = Instant::now();
     let tasks: Vec<_> = (0..args.concurrency.max(1))
         .map(|i| tokio::spawn(caller(i)))
@@ -127,6 +138,7 @@ where
     }
     phase.seconds = started.elapsed().as_secs_f64();
     phase.cpu_seconds = cpu_seconds(args.server_pid)? - cpu_before;
+    phase.client_cpu_seconds = cpu_seconds(Some(std::process::id()))? - client_before;
     Ok(phase)
 }
 
@@ -202,14 +214,31 @@ async fn connect(address: &str) -> anyhow::Result<GrpcInferenceServiceClient<Cha
     Ok(GrpcInferenceServiceClient::new(channel))
 }
 
+/// The connections the unary callers share (`--grpc-connections`; none when each caller is to
+/// open its own).
+async fn grpc_channels(
+    args: &KserveBench,
+) -> anyhow::Result<Vec<GrpcInferenceServiceClient<Channel>>> {
+    let mut channels = Vec::with_capacity(args.grpc_connections);
+    for _ in 0..args.grpc_connections {
+        channels.push(connect(&args.grpc).await?);
+    }
+    Ok(channels)
+}
+
 fn kserve_caller(
     args: &KserveBench,
+    channels: &[GrpcInferenceServiceClient<Channel>],
     caller: usize,
 ) -> impl Future<Output = anyhow::Result<(u64, u64)>> + Send + 'static {
     let (address, model, max_tokens) = (args.grpc.clone(), args.model.clone(), args.max_tokens);
     let deadline = Instant::now() + Duration::from_secs_f64(args.duration);
+    let shared = (!channels.is_empty()).then(|| channels[caller % channels.len()].clone());
     async move {
-        let mut client = connect(&address).await?;
+        let mut client = match shared {
+            Some(client) => client,
+            None => connect(&address).await?,
+        };
         let (mut done, mut failed) = (0, 0);
         while Instant::now() < deadline {
             let request = infer_request(&model, prompt(caller, done + failed), max_tokens, false);
