@@ -87,4 +87,17 @@ else
   "$vllm_venv/bin/pip" install -q --force-reinstall --no-deps ./workers/vllm
 fi
 export KVMESH_VLLM_PYTHON="$vllm_venv/bin/python"
+# SGLang (its tokenizer, template handling and parsers, none of its kernels) for the processor
+# host's built-in `sglang` processor, in a venv of its own: about 3 minutes and 6 GB to install,
+# kept and rebuilt only when its pins or its install script change.
+sglang_venv=${venv}-sglang
+sglang_key=$(cat scripts/sglang-requirements.txt scripts/install_sglang_cpu.sh | sha256sum | cut -c1-16)
+if [ "$(cat "$sglang_venv/.kvmesh-key" 2>/dev/null)" != "$sglang_key" ]; then
+  rm -rf "$sglang_venv"
+  started=$(date +%s)
+  scripts/install_sglang_cpu.sh "$sglang_venv"
+  echo "$sglang_key" >"$sglang_venv/.kvmesh-key"
+  echo "SGLang environment installed in $(($(date +%s) - started)) s"
+fi
+export KVMESH_SGLANG_PYTHON="$sglang_venv/bin/python"
 KVMESH_BIN_DIR="${CARGO_TARGET_DIR:-$root/target}/debug" "$venv/bin/python" -m pytest -q tests/python
