@@ -1,6 +1,7 @@
 """Python chat processors written for Dynamo, run unchanged by kvmesh-processor-host: real
 frontend, host and mocker processes over a real etcd and NATS, driven by the openai and anthropic
 SDKs."""
+import json
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from conftest import BIN_DIR, ROOT, start_distributed, wait_until
+from conftest import BIN_DIR, ROOT, complete_on, start_distributed, wait_until
 
 PROCESSORS = ROOT / "tests" / "python" / "processors"
 
@@ -63,6 +64,31 @@ def test_a_dynamo_processor_serves_chat_unary_and_streaming(seed_mesh):
     assert text
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].usage.completion_tokens == 5
+
+
+def test_nvext_names_the_worker_that_served_a_processor_request(seed_mesh):
+    # The built-in completions path names its workers; each pinned processor request must name
+    # the one it was pinned to, unary and streaming.
+    workers = {complete_on(seed_mesh, [5, 6, 7 + i]) for i in range(12)}
+    assert len(workers) == 2, workers
+    client = seed_mesh.client()
+    for worker in workers:
+        nvext = {"backend_instance_id": worker, "extra_fields": ["worker_id"]}
+        resp = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "who?"}],
+                                              max_tokens=3, extra_body={"nvext": nvext})
+        assert resp.model_extra["nvext"]["worker_id"] == {
+            "prefill_worker_id": worker, "prefill_dp_rank": 0, "decode_worker_id": worker, "decode_dp_rank": 0}
+        chunks = list(client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "who?"}], max_tokens=3, stream=True,
+            extra_body={"nvext": nvext}))
+        told = [c.model_extra["nvext"] for c in chunks if (c.model_extra or {}).get("nvext")]
+        assert len(told) == 1 and told[0]["worker_id"]["decode_worker_id"] == worker, told
+    # Unpinned, the worker named is one of the mesh's; without extra_fields nothing is named.
+    resp = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2,
+                                          extra_body={"nvext": {"extra_fields": ["worker_id"]}})
+    assert resp.model_extra["nvext"]["worker_id"]["decode_worker_id"] in workers
+    plain = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    assert not (plain.model_extra or {}).get("nvext")
 
 
 def test_responses_and_messages_go_through_the_processor(seed_mesh):
@@ -125,7 +151,7 @@ def test_an_installed_entry_point_processor_runs_and_unknown_names_list_it():
 
 @pytest.fixture(scope="module")
 def errors_mesh():
-    mesh = start_processor_mesh("errors_processor:provider", num_workers=1)
+    mesh = start_processor_mesh("errors_processor:provider", ("--enable-anthropic-api",), num_workers=1)
     yield mesh
     mesh.stop()
 
@@ -143,6 +169,9 @@ def errors_mesh():
     ("other", 500, None, "secret-runtime"),
     ("bad-chunk", 500, None, None),
     ("routed-invalid", 400, "token_ids", None),
+    ("routed-error-reraised", 503, None, None),
+    ("routed-error-escapes", 503, None, None),
+    ("queue", 529, None, None),
 ])
 def test_each_row_of_the_error_table(errors_mesh, command, status, shown, hidden):
     r = chat(errors_mesh, command)
@@ -164,6 +193,19 @@ def test_a_processor_sets_a_header_on_a_unary_response(errors_mesh):
     assert refused.status_code == 400 and refused.headers.get("x-processor") == "yes"
     reserved = chat(errors_mesh, "header-reserved")
     assert reserved.status_code == 400 and "HTTP layer" in reserved.json()["error"]["message"]
+    invalid = chat(errors_mesh, "header-invalid")
+    assert invalid.status_code == 400 and "x-processor" not in invalid.headers, invalid.text
+
+
+def test_responses_and_messages_never_carry_a_processors_header(errors_mesh):
+    r = requests.post(f"{errors_mesh.base_url}/v1/responses", timeout=30,
+                      json={"model": "tiny", "input": "header", "max_output_tokens": 5})
+    assert r.status_code == 200 and "x-processor" not in r.headers, r.text
+    assert "header=False" in json.dumps(r.json()["output"])
+    r = requests.post(f"{errors_mesh.base_url}/v1/messages", timeout=30, json={
+        "model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "header"}]})
+    assert r.status_code == 200 and "x-processor" not in r.headers, r.text
+    assert "header=False" in r.json()["content"][0]["text"]
 
 
 def test_a_streaming_header_needs_the_pre_commit_peek(errors_mesh):

@@ -51,6 +51,19 @@ pub struct TextDelta {
     /// Tool calls read from the output so far (each whole, with its id and name), when the
     /// request offered tools and the model's card names a parser.
     pub tool_calls: Vec<ToolCallDelta>,
+    /// The worker serving the request, on the first delta after it became known, where it was
+    /// not known when the response started (a chat processor routes its calls itself).
+    pub served_by: Option<ServedBy>,
+}
+
+/// The worker (and data-parallel rank) a request was routed to: what a response's `nvext`
+/// `worker_id` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServedBy {
+    /// The worker's instance id.
+    pub worker_id: u64,
+    /// Its data-parallel rank.
+    pub dp_rank: u32,
 }
 
 /// Starts `request` through the model's seam (`prefix_cuts`: the prompt's cut points, so the

@@ -4,7 +4,7 @@ import asyncio
 import time
 
 from dynamo.llm import HttpError, PythonAsyncEngine
-from dynamo.llm.exceptions import InvalidArgument
+from dynamo.llm.exceptions import InvalidArgument, RoutedEngineError, RouterQueueLimitExceeded
 
 from seed_processor import MyChatEngine
 
@@ -26,7 +26,12 @@ RAISES = {
     "refused": lambda: ConnectionRefusedError("nobody home"),
     "connection": lambda: ConnectionResetError("reset"),
     "other": lambda: RuntimeError("secret-runtime detail"),
+    "queue": lambda: RouterQueueLimitExceeded("the router queue is full"),
 }
+
+# A worker pin no worker answers to: the routed call fails with the seam's `unavailable`.
+NO_SUCH_WORKER = {"model": "tiny", "token_ids": [1, 2, 3], "stop_conditions": {"max_tokens": 2},
+                  "routing": {"backend_instance_id": 12345}}
 
 
 class ErrorsEngine:
@@ -41,6 +46,8 @@ class ErrorsEngine:
         if command.startswith("header"):
             if command == "header-reserved":
                 context.set_response_header("Content-Type", "text/plain")
+            if command == "header-invalid":
+                context.set_response_header("bad name", "x")
             carried = context.set_response_header("x-processor", "yes")
             if command == "header-then-raise":
                 raise InvalidArgument("refused after a header")
@@ -55,6 +62,21 @@ class ErrorsEngine:
             stream = await self._routed_engine.generate({"token_ids": "not a list"}, context=context)
             async for _ in stream:
                 pass
+            return
+        if command == "routed-error-escapes":
+            stream = await self._routed_engine.generate(dict(NO_SUCH_WORKER), context=context)
+            async for _ in stream:
+                pass
+            return
+        if command == "routed-error-reraised":
+            try:
+                stream = await self._routed_engine.generate(dict(NO_SUCH_WORKER), context=context)
+                async for _ in stream:
+                    pass
+            except RoutedEngineError as error:
+                # A ValueError by inheritance, yet it maps to the worker's status, not 400.
+                assert isinstance(error, ValueError) and error.code == "unavailable", error.code
+                raise
             return
         if command == "slow":
             # Streams one token at a time until the client goes away.

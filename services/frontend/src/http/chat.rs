@@ -14,7 +14,9 @@ use kvmesh_llm::openai::{
 
 use super::AppState;
 use super::endpoint::{Arrival, Endpoint};
-use super::openai_shared::{check_supported, now_secs, response_nvext};
+use super::openai_shared::{
+    check_supported, now_secs, response_nvext, wants_worker_nvext, worker_nvext,
+};
 use super::request_metrics::RequestScope;
 use super::sse;
 use crate::chat_output::{self, OutputParsing};
@@ -69,9 +71,12 @@ async fn respond(
     let stream = request.is_stream();
     let id = format!("chatcmpl-{request_id}");
     let created = now_secs();
+    // Where the worker is known only once the request runs (a chat processor), a delta names it.
+    let wants_worker = nvext.is_none() && wants_worker_nvext(&state.settings, &request.nvext);
 
     if !stream {
         let answer = sse::collect_unary(deltas, &mut scope, String::new()).await?;
+        let nvext = nvext.or_else(|| answer.served_by.filter(|_| wants_worker).map(worker_nvext));
         let usage = answer.usage;
         let choices = answer
             .choices
@@ -131,6 +136,8 @@ async fn respond(
         include_usage,
         logprobs,
         reasoning_field: state.settings.reasoning_field,
+        wants_worker,
+        nvext: None,
     };
     let events = sse::delta_events(scope, deltas, Some(opening), framer);
     Ok(sse::sse_response(events, state.settings.sse_keep_alive))
@@ -144,6 +151,10 @@ struct ChatFramer {
     include_usage: bool,
     logprobs: Option<LogprobText>,
     reasoning_field: ReasoningField,
+    /// Whether a delta naming the worker puts it in the next chunk's `nvext`.
+    wants_worker: bool,
+    /// The `nvext` the next chunk carries.
+    nvext: Option<serde_json::Value>,
 }
 
 /// A unary message's reasoning under the configured field name (none when empty).
@@ -162,19 +173,24 @@ fn reasoning_message(field: ReasoningField, reasoning: String) -> ChatResponseMe
 }
 
 impl ChatFramer {
-    fn chunk(&self, choice: ChatChunkChoice<'_>) -> Bytes {
-        sse::data_event(&ChatCompletionChunk::new(
+    fn chunk(&mut self, choice: ChatChunkChoice<'_>) -> Bytes {
+        let mut chunk = ChatCompletionChunk::new(
             self.id.as_str(),
             self.model.as_str(),
             self.created,
             choice,
             self.include_usage,
-        ))
+        );
+        chunk.nvext = self.nvext.take();
+        sse::data_event(&chunk)
     }
 }
 
 impl sse::ChunkFramer for ChatFramer {
     fn delta(&mut self, delta: &TextDelta, events: &mut Vec<Bytes>) {
+        if let Some(served_by) = delta.served_by.filter(|_| self.wants_worker) {
+            self.nvext = Some(worker_nvext(served_by));
+        }
         // With logprobs every token's entry goes out, even while its text is held back.
         let logprobs = self
             .logprobs

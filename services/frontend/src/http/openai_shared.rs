@@ -7,6 +7,7 @@ use kvmesh_llm::openai::SamplingOptions;
 use serde_json::Value;
 
 use crate::error::FrontendError;
+use crate::generate::ServedBy;
 
 /// Rejects options this server will not honour, instead of ignoring them.
 pub(crate) fn check_supported(sampling: &SamplingOptions) -> Result<(), FrontendError> {
@@ -31,20 +32,33 @@ pub(crate) fn response_nvext(
     worker_id: u64,
     dp_rank: u32,
 ) -> Option<Value> {
-    let wants_worker = request_nvext
+    wants_worker_nvext(settings, request_nvext)
+        .then(|| worker_nvext(ServedBy { worker_id, dp_rank }))
+}
+
+/// Whether the client asked for the serving worker in the response (`nvext.extra_fields`
+/// naming `worker_id`, and nvext not disabled).
+pub(crate) fn wants_worker_nvext(
+    settings: &super::HttpSettings,
+    request_nvext: &Option<Value>,
+) -> bool {
+    request_nvext
         .as_ref()
         .filter(|_| !settings.disable_nvext)
         .and_then(|nvext| nvext.get("extra_fields"))
         .and_then(Value::as_array)
-        .is_some_and(|fields| fields.iter().any(|f| f.as_str() == Some("worker_id")));
-    wants_worker.then(|| {
-        serde_json::json!({"worker_id": {
-            "prefill_worker_id": worker_id,
-            "prefill_dp_rank": dp_rank,
-            "decode_worker_id": worker_id,
-            "decode_dp_rank": dp_rank,
-        }})
-    })
+        .is_some_and(|fields| fields.iter().any(|f| f.as_str() == Some("worker_id")))
+}
+
+/// The response `nvext` naming the worker that served the request (aggregated serving: one
+/// worker does prefill and decode).
+pub(crate) fn worker_nvext(served_by: ServedBy) -> Value {
+    serde_json::json!({"worker_id": {
+        "prefill_worker_id": served_by.worker_id,
+        "prefill_dp_rank": served_by.dp_rank,
+        "decode_worker_id": served_by.worker_id,
+        "decode_dp_rank": served_by.dp_rank,
+    }})
 }
 
 /// Seconds since the Unix epoch for `created` fields.

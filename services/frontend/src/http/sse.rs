@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::request_metrics::RequestScope;
 use crate::error::FrontendError;
-use crate::generate::{TextDelta, TokenUsage};
+use crate::generate::{ServedBy, TextDelta, TokenUsage};
 
 /// The terminator of chat and completions streams.
 pub const DONE: &[u8] = b"data: [DONE]\n\n";
@@ -171,6 +171,8 @@ pub struct UnaryAnswer {
     pub choices: Vec<UnaryChoice>,
     /// Token counts.
     pub usage: TokenUsage,
+    /// The worker a delta named (processor requests, whose worker is known only once they run).
+    pub served_by: Option<ServedBy>,
 }
 
 /// One choice of a [`UnaryAnswer`].
@@ -208,6 +210,7 @@ pub async fn collect_unary(
     let mut deltas = std::pin::pin!(deltas);
     let mut choices: Vec<UnaryChoice> = Vec::with_capacity(1);
     let mut usage = None;
+    let mut served_by = None;
     while let Some(delta) = deltas.next().await {
         let mut delta = match delta {
             Ok(delta) => delta,
@@ -227,14 +230,15 @@ pub async fn collect_unary(
         choice.text.push_str(&delta.text);
         choice.reasoning.push_str(&delta.reasoning);
         choice.logprobs.append(&mut delta.logprobs);
-        choice
-            .tool_calls
-            .extend(delta.tool_calls.drain(..).map(whole_call));
+        for call in delta.tool_calls.drain(..) {
+            add_call(&mut choice.tool_calls, call);
+        }
         if delta.finish_reason.is_some() {
             choice.finish_reason = delta.finish_reason;
             choice.stop_sequence = delta.stop_sequence.take();
         }
         usage = delta.usage.or(usage);
+        served_by = served_by.or(delta.served_by);
     }
     let usage = usage.unwrap_or_default();
     scope.observe_tokens(
@@ -249,10 +253,37 @@ pub async fn collect_unary(
             ..UnaryChoice::default()
         });
     }
-    Ok(UnaryAnswer { choices, usage })
+    Ok(UnaryAnswer {
+        choices,
+        usage,
+        served_by,
+    })
 }
 
-/// A tool-call delta as the whole call it is (the parser sends each call in one piece).
+/// Adds a tool-call delta to a choice's calls: the built-in parser sends each call whole, a chat
+/// processor may stream one in fragments (the first with its id or name, then pieces of the
+/// arguments), so a fragment with neither continues the last call.
+fn add_call(
+    calls: &mut Vec<kvmesh_llm::openai::ToolCall>,
+    delta: kvmesh_llm::openai::ToolCallDelta,
+) {
+    let starts_call = delta.id.is_some()
+        || delta
+            .function
+            .as_ref()
+            .is_some_and(|function| function.name.is_some());
+    match calls.last_mut() {
+        Some(last) if !starts_call => {
+            let arguments = delta.function.and_then(|function| function.arguments);
+            last.function
+                .arguments
+                .push_str(arguments.as_deref().unwrap_or_default());
+        }
+        _ => calls.push(whole_call(delta)),
+    }
+}
+
+/// A tool-call delta as the whole call it starts.
 fn whole_call(delta: kvmesh_llm::openai::ToolCallDelta) -> kvmesh_llm::openai::ToolCall {
     let function = delta.function.unwrap_or_default();
     kvmesh_llm::openai::ToolCall {
@@ -262,5 +293,48 @@ fn whole_call(delta: kvmesh_llm::openai::ToolCallDelta) -> kvmesh_llm::openai::T
             name: function.name.unwrap_or_default(),
             arguments: function.arguments.unwrap_or_default(),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kvmesh_llm::openai::{FunctionCallDelta, ToolCallDelta};
+
+    use super::*;
+
+    fn fragment(id: Option<&str>, name: Option<&str>, arguments: &str) -> ToolCallDelta {
+        ToolCallDelta {
+            index: 0,
+            id: id.map(str::to_owned),
+            kind: id.map(|_| "function".to_owned()),
+            function: Some(FunctionCallDelta {
+                name: name.map(str::to_owned),
+                arguments: Some(arguments.to_owned()),
+            }),
+        }
+    }
+
+    #[test]
+    fn streamed_fragments_join_into_whole_calls() {
+        let mut calls = Vec::new();
+        for delta in [
+            fragment(Some("call_a"), Some("get_weather"), ""),
+            fragment(None, None, r#"{"city": "#),
+            fragment(None, None, r#""Paris"}"#),
+            fragment(Some("call_b"), Some("get_time"), "{}"),
+        ] {
+            add_call(&mut calls, delta);
+        }
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[0].id, "call_a");
+        assert_eq!(calls[0].function.name, "get_weather");
+        assert_eq!(calls[0].function.arguments, r#"{"city": "Paris"}"#);
+        assert_eq!(
+            (
+                calls[1].function.name.as_str(),
+                calls[1].function.arguments.as_str()
+            ),
+            ("get_time", "{}")
+        );
     }
 }

@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, PoisonError};
+use std::sync::{Arc, OnceLock, PoisonError};
 use std::time::Duration;
 
 use futures::Stream;
@@ -25,7 +25,7 @@ use tonic::Streaming;
 use super::clock::TokenClock;
 use super::{Host, ProcessorHosts, is_unreachable};
 use crate::error::FrontendError;
-use crate::generate::{TextDelta, TokenUsage};
+use crate::generate::{ServedBy, TextDelta, TokenUsage};
 use crate::http::ResponseHeaders;
 use crate::models::ModelEntry;
 
@@ -55,12 +55,14 @@ pub(crate) struct ProcessorRequest<'a> {
     pub trace: crate::trace_context::TraceContext,
 }
 
-/// Token counts of the request's calls, kept by the call pumps.
+/// Token counts of the request's calls, kept by the call pumps, and the worker of the first call
+/// that was routed (the one a response's `nvext` names).
 #[derive(Default)]
 struct Totals {
     prompt: AtomicU32,
     completion: AtomicU32,
     cached: AtomicU32,
+    first_worker: OnceLock<ServedBy>,
 }
 
 impl Totals {
@@ -300,6 +302,11 @@ async fn pump_call(
             return;
         }
     };
+    // Set before any of this call's output reaches the host, so before any text made from it.
+    let _ = totals.first_worker.set(ServedBy {
+        worker_id: generation.worker_id(),
+        dp_rank: generation.dp_rank(),
+    });
     while let Some(item) = generation.next().await {
         match item {
             Ok(response) => {
@@ -426,6 +433,8 @@ pub(crate) async fn start(
         // The last delta that finished a choice is held back: the usage rides on the last one.
         let mut held: Option<TextDelta> = None;
         let mut failure = None;
+        // The first call's worker rides on the first delta read once it is known.
+        let mut is_worker_told = false;
         loop {
             let json = if let Some(json) = early.pop_front() {
                 json
@@ -453,7 +462,11 @@ pub(crate) async fn start(
                     if deltas.iter().any(TokenClock::carries_output) {
                         clock.output();
                     }
-                    for delta in deltas {
+                    for mut delta in deltas {
+                        if !is_worker_told {
+                            delta.served_by = session.totals.first_worker.get().copied();
+                            is_worker_told = delta.served_by.is_some();
+                        }
                         if let Some(previous) = held.take() {
                             yield Ok(previous);
                         }
