@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use kvmesh_proto::v1::{
     FinishReason, GenerateCall, GenerateRequest, GenerateResponse, OutputOptions, RoutingHints,
-    SamplingOptions, StopConditions,
+    SamplingOptions, StopConditions, ToolSpec, ToolsRequest,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -24,6 +24,24 @@ struct Preprocessed {
     eos_token_ids: Vec<u32>,
     routing: Option<Routing>,
     lora_name: Option<String>,
+    /// kvmesh addition, in the chat request's own shape: the tools it offered, so a worker that
+    /// decides its calls from them (the mock engine) sees them as on the built-in path.
+    tools: Option<Vec<OfferedTool>>,
+    tool_choice: Option<Value>,
+    parallel_tool_calls: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct OfferedTool {
+    function: OfferedFunction,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct OfferedFunction {
+    name: String,
+    parameters: Option<Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -111,8 +129,9 @@ pub fn generate_call(
     if !is_token_list {
         return Err("preprocessed request: `token_ids` (a list of token ids) is required".into());
     }
-    let request: Preprocessed =
+    let mut request: Preprocessed =
         serde_json::from_value(value).map_err(|e| format!("preprocessed request: {e}"))?;
+    let tools = tools_request(&mut request)?;
     let token_ids = request.token_ids.unwrap_or_default();
     let stops = request.stop_conditions;
     let mut stop_token_ids = stops.stop_token_ids.unwrap_or_default();
@@ -170,6 +189,7 @@ pub fn generate_call(
             ..Default::default()
         }),
         lora_name: routing.lora_name.or(request.lora_name).unwrap_or_default(),
+        tools,
         ..Default::default()
     };
     Ok(GenerateCall {
@@ -182,6 +202,53 @@ pub fn generate_call(
             0
         },
     })
+}
+
+/// The worker's view of the tools a preprocessed request offers, as the built-in path builds it
+/// from a chat request: none when it offers none or `tool_choice` is `none`.
+fn tools_request(request: &mut Preprocessed) -> Result<Option<ToolsRequest>, String> {
+    let Some(tools) = request.tools.take().filter(|tools| !tools.is_empty()) else {
+        return Ok(None);
+    };
+    let (choice, named_function) = match request.tool_choice.take() {
+        None | Some(Value::Null) => ("auto", String::new()),
+        Some(Value::String(mode)) => match mode.as_str() {
+            "auto" => ("auto", String::new()),
+            "required" => ("required", String::new()),
+            "none" => return Ok(None),
+            other => {
+                return Err(format!(
+                    "preprocessed request: unknown tool_choice {other:?}"
+                ));
+            }
+        },
+        Some(named) => match named.pointer("/function/name").and_then(Value::as_str) {
+            Some(name) => ("named", name.to_owned()),
+            None => {
+                return Err(
+                    "preprocessed request: tool_choice must be auto, required, none or \
+                     {\"function\": {\"name\": ...}}"
+                        .into(),
+                );
+            }
+        },
+    };
+    Ok(Some(ToolsRequest {
+        tools: tools
+            .into_iter()
+            .map(|tool| ToolSpec {
+                name: tool.function.name,
+                parameters_json: tool
+                    .function
+                    .parameters
+                    .map(|schema| schema.to_string())
+                    .unwrap_or_default(),
+            })
+            .collect(),
+        choice: choice.to_owned(),
+        named_function,
+        parallel: request.parallel_tool_calls.unwrap_or(true),
+    }))
 }
 
 /// Dynamo's name of a finish reason.
@@ -293,6 +360,46 @@ mod tests {
         assert_eq!(routing.session_id, "s");
         assert_eq!(call.allowed_worker_ids, vec![42, 43]);
         assert_eq!(call.session_bind_ttl_secs, 30);
+    }
+
+    #[test]
+    fn offered_tools_reach_the_worker_as_on_the_built_in_path() {
+        let tools = r#""tools":[{"type":"function","function":{"name":"get_time",
+            "parameters":{"type":"object"}}},{"type":"function","function":{"name":"get_weather"}}]"#;
+        let call = |rest: &str| {
+            generate_call(
+                0,
+                "r",
+                "m",
+                &format!(r#"{{"token_ids":[1],{tools}{rest}}}"#),
+            )
+            .map(|call| call.request.unwrap().tools)
+        };
+        let auto = call("").unwrap().unwrap();
+        assert_eq!(auto.choice, "auto");
+        assert!(auto.parallel);
+        assert_eq!(auto.tools[0].name, "get_time");
+        assert_eq!(auto.tools[0].parameters_json, r#"{"type":"object"}"#);
+        assert_eq!(auto.tools[1].parameters_json, "");
+        let named = call(
+            r#","tool_choice":{"type":"function","function":{"name":"get_weather"}},
+            "parallel_tool_calls":false"#,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (named.choice.as_str(), named.named_function.as_str()),
+            ("named", "get_weather")
+        );
+        assert!(!named.parallel);
+        assert_eq!(call(r#","tool_choice":"none""#).unwrap(), None);
+        assert!(
+            call(r#","tool_choice":"sometimes""#)
+                .unwrap_err()
+                .contains("tool_choice")
+        );
+        let none = generate_call(0, "r", "m", r#"{"token_ids":[1]}"#).unwrap();
+        assert_eq!(none.request.unwrap().tools, None);
     }
 
     #[test]

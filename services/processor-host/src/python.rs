@@ -39,6 +39,11 @@ const SOURCES: &[(&str, bool, &str)] = &[
         false,
         include_str!("../python/kvmesh/_routes.py"),
     ),
+    (
+        "kvmesh._sglang",
+        false,
+        include_str!("../python/kvmesh/_sglang.py"),
+    ),
 ];
 
 const BOOTSTRAP: &str = include_str!("../python/bootstrap.py");

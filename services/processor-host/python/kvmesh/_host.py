@@ -61,18 +61,21 @@ def resolve(name, groups=PROCESSOR_GROUPS, what="chat processor"):
 
 
 def _builtin(name):
-    """The built-in `vllm` and `sglang` processors need their package in the host's Python, and
-    an installed processor under that name (`vllm`: the kvmesh vLLM worker package,
-    workers/vllm, registers one)."""
+    """The provider of the built-in `vllm` or `sglang` processor, which needs that package in
+    the host's Python. An installed processor registered under the name wins (`vllm`: the kvmesh
+    vLLM worker package, workers/vllm, registers one); `sglang` has one built into the host."""
     try:
         importlib.import_module(name)
     except ImportError as error:
         raise StartupError(
             f"--dyn-chat-processor {name} needs the {name!r} Python package, which is not importable "
             f"in this host's Python ({error}); install it in the host's environment") from error
-    if name not in _registered(PROCESSOR_GROUPS):
-        hint = " (install workers/vllm: pip install ./workers/vllm)" if name == "vllm" else ""
-        raise StartupError(f"--dyn-chat-processor {name}: no {name} processor is installed in this host's Python{hint}")
+    if name in _registered(PROCESSOR_GROUPS):
+        return resolve(name)
+    if name == "sglang":
+        return importlib.import_module("kvmesh._sglang").provider
+    raise StartupError(f"--dyn-chat-processor {name}: no {name} processor is installed in this host's Python"
+                       " (install workers/vllm: pip install ./workers/vllm)")
 
 
 class Config:
@@ -202,8 +205,9 @@ class Host:
         if self.processor == "dynamo":
             return
         if self.processor in ("vllm", "sglang"):
-            _builtin(self.processor)
-        provider = resolve(self.processor)
+            provider = _builtin(self.processor)
+        else:
+            provider = resolve(self.processor)
         if not callable(provider):
             raise StartupError(f"chat processor {self.processor!r} is not callable")
 
