@@ -114,3 +114,25 @@ def test_sglang_refuses_what_its_server_refuses(sglang_mesh):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=4,
                                        reasoning_effort="bogus")
     assert "reasoning_effort" in str(refused.value) and "'minimal'" in str(refused.value)
+
+
+def test_sglang_matches_stop_strings_the_workers_ignore(sglang_mesh):
+    client = sglang_mesh.client()
+    messages = [{"role": "user", "content": "tell me about caches"}]
+    full = client.chat.completions.create(model="tiny", messages=messages, max_tokens=40, temperature=0)
+    text = full.choices[0].message.content
+    thinking = full.choices[0].message.model_extra.get("reasoning_content") or ""
+    # A stop string from the middle of the (greedy, so repeatable) answer, not in the thinking.
+    stop = next(text[i:i + 4] for i in range(len(text) // 2, len(text) - 4)
+                if text[i:i + 4].strip() == text[i:i + 4] and text[i:i + 4] not in thinking + "</think>")
+    for stream in (False, True):
+        if stream:
+            chunks = [c for c in client.chat.completions.create(model="tiny", messages=messages, max_tokens=40,
+                                                                temperature=0, stop=[stop], stream=True) if c.choices]
+            content = "".join(c.choices[0].delta.content or "" for c in chunks)
+            finish = chunks[-1].choices[0].finish_reason
+        else:
+            cut = client.chat.completions.create(model="tiny", messages=messages, max_tokens=40, temperature=0,
+                                                 stop=[stop])
+            content, finish = cut.choices[0].message.content, cut.choices[0].finish_reason
+        assert finish == "stop" and content == text[:text.index(stop)], (stop, content, text)

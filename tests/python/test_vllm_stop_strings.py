@@ -1,12 +1,12 @@
-"""The vllm processor's stop-string matcher (workers/vllm/src/kvmesh_vllm/stops.py): text is
-released as soon as it cannot begin a stop string, and a stop string split over many chunks is
-still found."""
+"""The built-in processors' stop-string matcher (`kvmesh.stops`, built into the processor host):
+text is released as soon as it cannot begin a stop string, and a stop string split over many
+chunks is still found."""
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workers" / "vllm" / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "services" / "processor-host" / "python"))
 
-from kvmesh_vllm.stops import StopStrings  # noqa: E402
+from kvmesh.stops import StopStrings  # noqa: E402
 
 
 def run(stops, chunks, include=False):

@@ -40,6 +40,11 @@ const SOURCES: &[(&str, bool, &str)] = &[
         include_str!("../python/kvmesh/_routes.py"),
     ),
     (
+        "kvmesh.stops",
+        false,
+        include_str!("../python/kvmesh/stops.py"),
+    ),
+    (
         "kvmesh._sglang",
         false,
         include_str!("../python/kvmesh/_sglang.py"),

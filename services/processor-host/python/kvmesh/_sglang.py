@@ -19,6 +19,7 @@ import uuid
 
 from .llm import PythonAsyncEngine
 from .llm.exceptions import InvalidArgument
+from .stops import StopStrings
 
 # Worker finish reasons to OpenAI's.
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", "content_filter": "content_filter"}
@@ -255,6 +256,9 @@ class SglangChatProcessor:
                 delta["tool_calls"] = tool_calls
             return delta or None
 
+        # Workers may ignore stop strings (SGLang's scheduler matches them): matched here, the
+        # stop string itself dropped unless `no_stop_trim`.
+        stops = StopStrings(params.get("stop") or [], bool(params.get("no_stop_trim")))
         finish = None
         async for item in stream:
             output = item.data()
@@ -263,11 +267,16 @@ class SglangChatProcessor:
                 raise RuntimeError(reason.get("error", "the worker failed"))
             token_ids = output.get("token_ids") or []
             generated += len(token_ids)
-            delta = delta_of(detokenizer.push(token_ids))
+            text, matched = stops.feed(detokenizer.push(token_ids))
+            if matched:
+                finish = "stop"
+            elif reason is not None:
+                text += stops.flush()
+                finish = FINISH.get(reason, "stop")
+            delta = delta_of(text)
             if delta is not None:
                 yield chunk(delta)
-            if reason is not None:
-                finish = FINISH.get(reason, "stop")
+            if finish is not None:
                 break
         if isinstance(tool_parser, FunctionCallParser):
             text, found = tool_parser.parse_stream_end()

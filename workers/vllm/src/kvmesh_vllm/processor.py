@@ -17,8 +17,7 @@ import uuid
 
 from kvmesh.llm import PythonAsyncEngine
 from kvmesh.llm.exceptions import InvalidArgument
-
-from kvmesh_vllm.stops import StopStrings
+from kvmesh.stops import StopStrings
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", "content_filter": "content_filter"}
 

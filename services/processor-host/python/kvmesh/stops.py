@@ -1,4 +1,6 @@
-"""Stop strings matched in streamed text (the vllm processor matches them itself)."""
+"""Stop strings matched in streamed text. A chat processor's text never reaches the frontend's
+detokenizer, where built-in requests have their stop strings matched, and workers may ignore
+them, so the built-in `vllm` and `sglang` processors match them here."""
 
 
 class StopStrings:
