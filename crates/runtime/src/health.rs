@@ -55,24 +55,31 @@ impl DependencyReport {
 
     /// One line per thing short of normal, for `/health`.
     pub fn reasons(&self) -> Vec<String> {
-        let mut reasons = Vec::new();
-        let for_s = self.registration.since.elapsed().as_secs();
-        match self.registration.state {
-            RegistrationState::Held => {}
-            RegistrationState::Unreachable => reasons.push(format!(
-                "discovery: unreachable for {for_s} s; serving with the last known mesh"
-            )),
-            RegistrationState::Lost => reasons.push(format!(
-                "discovery: registration lost {for_s} s ago; re-registering"
-            )),
-        }
+        let mut reasons: Vec<String> = registration_reason(&self.registration)
+            .into_iter()
+            .collect();
         if !self.is_events_connected {
-            reasons.push(
-                "event plane: not connected; kv routing without kv events or published load, reconnecting"
-                    .to_owned(),
-            );
+            reasons.push(EVENTS_DOWN.to_owned());
         }
         reasons
+    }
+}
+
+/// The `/health` reason of a disconnected event plane.
+pub const EVENTS_DOWN: &str =
+    "event plane: not connected; kv routing without kv events or published load, reconnecting";
+
+/// The `/health` reason of a registration that is not held, if it is not.
+pub fn registration_reason(registration: &RegistrationStatus) -> Option<String> {
+    let for_s = registration.since.elapsed().as_secs();
+    match registration.state {
+        RegistrationState::Held => None,
+        RegistrationState::Unreachable => Some(format!(
+            "discovery: unreachable for {for_s} s; serving with the last known mesh"
+        )),
+        RegistrationState::Lost => Some(format!(
+            "discovery: registration lost {for_s} s ago; re-registering"
+        )),
     }
 }
 

@@ -8,17 +8,22 @@
 //! grace (`--registration-grace-secs`). A worker refuses new work while its gate is closed; an
 //! unreachable etcd alone never closes it, since nobody's view of the mesh changes meanwhile.
 
+mod serving;
+
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt as _;
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::discovery::{Discovery, RegistrationState, RegistrationStatus};
 use crate::shutdown::Inflight;
+
+pub use serving::{HealthReport, ServiceHealth, ServingState, health_response};
 
 /// How long stopped tasks get to finish before the service gives up on them.
 pub const JOIN_LIMIT: Duration = Duration::from_secs(3);
@@ -95,6 +100,8 @@ pub struct ServiceLifecycle {
     registrations: Vec<Arc<dyn Discovery>>,
     registration_grace: Duration,
     gate: WorkGate,
+    state: watch::Sender<ServingState>,
+    registration_states: Arc<Mutex<Vec<watch::Receiver<RegistrationStatus>>>>,
 }
 
 impl ServiceLifecycle {
@@ -107,7 +114,20 @@ impl ServiceLifecycle {
             registrations: Vec::new(),
             registration_grace: DEFAULT_REGISTRATION_GRACE,
             gate: WorkGate::open(),
+            state: watch::Sender::new(ServingState::Starting),
+            registration_states: Arc::default(),
         }
+    }
+
+    /// What the service's probes report: `starting` until [`Self::run`] begins (services
+    /// register just before), then ready, degraded or unhealthy by the registration and the work
+    /// gate, and `draining` from the shutdown signal on.
+    pub fn health(&self) -> ServiceHealth {
+        ServiceHealth::new(
+            self.state.subscribe(),
+            self.gate.clone(),
+            self.registration_states.clone(),
+        )
     }
 
     /// Sets how long a registration may stay lost before the work gate closes.
@@ -137,7 +157,9 @@ impl ServiceLifecycle {
             .spawn(async move { task.await.map_err(Into::into) });
     }
 
-    /// Serves `routes` as a server of the mesh on `listener` until the stop token fires, with the
+    /// Serves `routes` and the standard gRPC health service (`grpc.health.v1`: SERVING only
+    /// while [`Self::health`] says the service serves) as a server of the mesh on `listener`
+    /// until the stop token fires, with the
     /// HTTP/2 settings of `settings` (stream limit per connection, windows) and over TLS
     /// (demanding a client certificate from the mesh CA) when `--tcp-tls-*` say so
     /// ([`crate::tls::mesh`]). Every mesh server runs this way: TCP_NODELAY on every accepted
@@ -154,7 +176,8 @@ impl ServiceLifecycle {
         self.serve(listener, routes, settings, tls);
     }
 
-    /// Serves `routes` as a server for clients outside the mesh (the KServe edge), with the
+    /// Serves `routes` and the gRPC health service as a server for clients outside the mesh (the
+    /// KServe edge), with the
     /// HTTP/2 and TLS settings of `settings`; the mesh's TLS does not apply.
     pub fn serve_grpc_with(
         &mut self,
@@ -176,6 +199,15 @@ impl ServiceLifecycle {
         tls: Option<ServerTls>,
     ) {
         let stop = self.stop.clone();
+        let (reporter, health_service) = tonic_health::server::health_reporter();
+        let routes = routes.add_service(health_service);
+        // The reporter starts out SERVING: the server accepts its first connection only once
+        // the reporter says what the service's health says.
+        let (set_tx, set_rx) = tokio::sync::oneshot::channel();
+        let initial = async move {
+            let _ = set_rx.await;
+        };
+        self.spawn(self.health().follow(reporter, set_tx, stop.clone()));
         let router = tonic::transport::Server::builder()
             .tcp_nodelay(true)
             .initial_connection_window_size(settings.initial_connection_window_size)
@@ -189,15 +221,25 @@ impl ServiceLifecycle {
             .http2_keepalive_timeout(Some(crate::net::KEEPALIVE_TIMEOUT))
             .add_routes(routes);
         match tls {
-            None => self.spawn(router.serve_with_incoming_shutdown(
-                crate::net::nodelay_incoming(listener),
-                stop.cancelled_owned(),
-            )),
+            None => self.spawn(async move {
+                initial.await;
+                router
+                    .serve_with_incoming_shutdown(
+                        crate::net::nodelay_incoming(listener),
+                        stop.cancelled_owned(),
+                    )
+                    .await
+            }),
             Some(tls) => {
                 let conns = crate::tls::incoming_with(listener, move || tls());
                 let conns =
                     tokio_stream::wrappers::ReceiverStream::new(conns).map(Ok::<_, std::io::Error>);
-                self.spawn(router.serve_with_incoming_shutdown(conns, stop.cancelled_owned()));
+                self.spawn(async move {
+                    initial.await;
+                    router
+                        .serve_with_incoming_shutdown(conns, stop.cancelled_owned())
+                        .await
+                });
             }
         }
     }
@@ -225,6 +267,9 @@ impl ServiceLifecycle {
     /// Takes charge of `discovery`'s registration: its losses are logged and close the work gate
     /// after the registration grace, and it is revoked before draining.
     pub fn registered(&mut self, discovery: Arc<dyn Discovery>) {
+        if let Ok(mut states) = self.registration_states.lock() {
+            states.push(discovery.registration());
+        }
         self.registrations.push(discovery);
     }
 
@@ -243,6 +288,7 @@ impl ServiceLifecycle {
             self.registration_grace,
             &self.gate,
         );
+        self.state.send_replace(ServingState::Ready);
         let result = tokio::select! {
             biased;
             _ = shutdown.cancelled() => Ok(()),
@@ -255,6 +301,7 @@ impl ServiceLifecycle {
                 }
             }
         };
+        self.state.send_replace(ServingState::Draining);
         stopping();
         for discovery in &self.registrations {
             if let Err(error) = discovery.revoke().await {

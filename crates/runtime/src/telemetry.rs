@@ -58,18 +58,32 @@ pub fn encode_metrics(registry: &prometheus::Registry) -> String {
 }
 
 /// Serves Prometheus `GET /metrics` on `listener` until `shutdown`, answering with what `render`
-/// returns (it may refresh gauges first). The one metrics server of every kvmesh process that
-/// has no HTTP edge of its own (the frontend serves `/metrics` beside its API).
+/// returns (it may refresh gauges first), and with `health` also `GET /health` (200 only while
+/// the service serves: [`crate::lifecycle::health_response`]) and `GET /live` (200 while the
+/// process runs). The one metrics server of every kvmesh process that has no HTTP edge of its
+/// own (the frontend serves these beside its API); container and Kubernetes probes use it.
 pub async fn serve_metrics<F, Fut>(
     listener: tokio::net::TcpListener,
     render: F,
+    health: Option<crate::lifecycle::ServiceHealth>,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<()>
 where
     F: Fn() -> Fut + Clone + Send + Sync + 'static,
     Fut: std::future::Future<Output = String> + Send + 'static,
 {
-    let app = axum::Router::new().route("/metrics", axum::routing::get(render));
+    let mut app = axum::Router::new().route("/metrics", axum::routing::get(render));
+    if let Some(health) = health {
+        app = app
+            .route(
+                "/health",
+                axum::routing::get(move || crate::lifecycle::health_response(health.clone())),
+            )
+            .route(
+                "/live",
+                axum::routing::get(|| async { axum::Json(serde_json::json!({"status": "live"})) }),
+            );
+    }
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await

@@ -32,7 +32,7 @@ use kvmesh_runtime::connect::{self, Embedded};
 use kvmesh_runtime::discovery::registry::{Registry, instance_record};
 use kvmesh_runtime::discovery::{Discovery, WatchEvent};
 use kvmesh_runtime::event_plane::{StreamConfig, ensure_stream_eventually};
-use kvmesh_runtime::lifecycle::{Drain, ServiceLifecycle};
+use kvmesh_runtime::lifecycle::{Drain, ServiceHealth, ServiceLifecycle};
 use kvmesh_runtime::names;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -244,6 +244,7 @@ pub async fn run(
             format!("{}:{port}", opts.runtime.tcp_rpc_host),
             service.clone(),
             metrics.clone(),
+            lifecycle.health().with_events(events.clone()),
             lifecycle.stop_token(),
         ));
     }
@@ -313,6 +314,7 @@ async fn serve_metrics(
     address: String,
     service: IndexerService,
     metrics: Arc<IndexerMetrics>,
+    health: ServiceHealth,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(&address)
@@ -328,6 +330,6 @@ async fn serve_metrics(
             kvmesh_runtime::telemetry::encode_metrics(&metrics.registry)
         }
     };
-    kvmesh_runtime::telemetry::serve_metrics(listener, render, shutdown).await?;
+    kvmesh_runtime::telemetry::serve_metrics(listener, render, Some(health), shutdown).await?;
     Ok(())
 }

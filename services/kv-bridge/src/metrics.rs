@@ -143,7 +143,8 @@ pub async fn serve(
         async move { text }
     };
     tokio::spawn(async move {
-        let served = kvmesh_runtime::telemetry::serve_metrics(listener, render, shutdown).await;
+        let served =
+            kvmesh_runtime::telemetry::serve_metrics(listener, render, None, shutdown).await;
         if let Err(error) = served {
             tracing::warn!(%error, "metrics server stopped");
         }

@@ -6,6 +6,7 @@ mod bench_request_path;
 mod bench_router_service;
 mod bench_routing;
 mod bench_service;
+mod probe;
 mod tiny_model;
 mod up;
 
@@ -26,6 +27,10 @@ enum Command {
     /// Benchmarks of the mesh's cores.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Health check of a kvmesh service (container and Kubernetes probes): exit 0 only when it
+    /// serves.
+    #[command(subcommand)]
+    Probe(Box<probe::ProbeCommand>),
 }
 
 #[tokio::main]
@@ -34,5 +39,6 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Up(opts) => up::run(*opts).await,
         Command::Bench(command) => bench::run(command).await,
+        Command::Probe(command) => probe::run(*command).await,
     }
 }

@@ -12,6 +12,7 @@ mod models;
 mod python;
 mod service;
 
+use anyhow::Context as _;
 use kvmesh_frontend::opts::FrontendOpts;
 use kvmesh_proto::v1::chat_processor_server::ChatProcessorServer;
 use kvmesh_router::fleet::{NamespaceFilter, watch_fleet};
@@ -76,6 +77,20 @@ pub async fn run(
         ));
     }
 
+    if let Some(port) = chat.processor_host_metrics_port {
+        let address = format!("{}:{port}", opts.runtime.tcp_rpc_host);
+        let listener = tokio::net::TcpListener::bind(&address)
+            .await
+            .with_context(|| format!("bind metrics on {address}"))?;
+        // The host exports no series of its own yet: `/metrics` answers empty.
+        let render = || async { String::new() };
+        lifecycle.spawn(kvmesh_runtime::telemetry::serve_metrics(
+            listener,
+            render,
+            Some(lifecycle.health()),
+            lifecycle.stop_token(),
+        ));
+    }
     let listener = opts.runtime.bind_rpc("the processor host's").await?;
     let address = listener.local_addr()?;
     let service = service::ProcessorService::new(python, route_paths);

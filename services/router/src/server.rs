@@ -15,7 +15,7 @@ use kvmesh_proto::v1::router_server::RouterServer;
 use kvmesh_runtime::config::RuntimeOpts;
 use kvmesh_runtime::connect::{self, Embedded};
 use kvmesh_runtime::discovery::registry::{Registry, instance_record};
-use kvmesh_runtime::lifecycle::{Drain, ServiceLifecycle};
+use kvmesh_runtime::lifecycle::{Drain, ServiceHealth, ServiceLifecycle};
 use tokio_util::sync::CancellationToken;
 
 use crate::fleet::{IndexSettings, IndexSources, NamespaceFilter};
@@ -49,7 +49,8 @@ pub struct RouterServiceOpts {
     #[command(flatten)]
     pub router: RouterArgs,
 
-    /// Port of the Prometheus `/metrics` endpoint (off when unset).
+    /// Port of the Prometheus `/metrics` endpoint and the `/health` and `/live` probes (off when
+    /// unset).
     #[arg(long, env = "KVMESH_ROUTER_METRICS_PORT")]
     pub metrics_port: Option<u16>,
 
@@ -117,6 +118,7 @@ pub async fn run(
             format!("{}:{port}", opts.runtime.tcp_rpc_host),
             table,
             metrics,
+            lifecycle.health().with_events(events.clone()),
             lifecycle.stop_token(),
         ));
     }
@@ -148,6 +150,7 @@ async fn serve_metrics(
     address: String,
     table: RoutedTable,
     metrics: RouterMetrics,
+    health: ServiceHealth,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(&address)
@@ -158,7 +161,7 @@ async fn serve_metrics(
         let text = kvmesh_runtime::telemetry::encode_metrics(&metrics.registry);
         async move { text }
     };
-    kvmesh_runtime::telemetry::serve_metrics(listener, render, shutdown).await?;
+    kvmesh_runtime::telemetry::serve_metrics(listener, render, Some(health), shutdown).await?;
     Ok(())
 }
 

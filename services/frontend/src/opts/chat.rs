@@ -82,6 +82,11 @@ pub struct ChatOpts {
     #[arg(long, env = "KVMESH_SPAWN_PROCESSOR_HOST", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
     pub spawn_processor_host: bool,
 
+    /// Port of a `kvmesh-processor-host`'s `/health`, `/live` and `/metrics` (kvmesh addition;
+    /// unset: none). Read by the processor host only; the frontend serves these on its HTTP port.
+    #[arg(long, env = "KVMESH_PROCESSOR_HOST_METRICS_PORT")]
+    pub processor_host_metrics_port: Option<u16>,
+
     /// Trusted route extension: an entry point name or `module:function` (repeatable; the
     /// variable takes a whitespace-separated list).
     #[arg(
