@@ -6,7 +6,7 @@
 # suite, the mirror, the package list), so an unchanged recipe is never rebuilt; the tarball is also
 # kept under $KVMESH_IMAGE_CACHE (default ~/.cache/kvmesh/images) for a machine whose docker lost it.
 #
-# Prints the image's name. Needs root (debootstrap), debootstrap and docker.
+# Prints the image's name. Needs debootstrap, docker and root (sudo when not root).
 set -euo pipefail
 cd "$(dirname "$0")"
 suite=bookworm
@@ -19,16 +19,19 @@ if docker image inspect "$image" >/dev/null 2>&1; then
   echo "$image"; exit 0
 fi
 tarball=$cache/rootfs-$key.tar.gz
+sudo_rm() { if [ "$(id -u)" -eq 0 ]; then rm -rf "$1"; else sudo rm -rf "$1"; fi; }
 if [ ! -s "$tarball" ]; then
   mkdir -p "$cache"
   work=$(mktemp -d /tmp/kvmesh-rootfs.XXXXXX)
-  trap 'rm -rf "$work"' EXIT
+  trap 'sudo_rm "$work"' EXIT
   started=$(date +%s)
-  debootstrap --variant=minbase --include="$packages" "$suite" "$work/root" "$mirror" >&2
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
+  $sudo debootstrap --variant=minbase --include="$packages" "$suite" "$work/root" "$mirror" >&2
   # What an image needs no copy of: package lists, caches, documentation.
-  rm -rf "$work/root"/var/lib/apt/lists/* "$work/root"/var/cache/apt/*.bin \
+  $sudo rm -rf "$work/root"/var/lib/apt/lists/* "$work/root"/var/cache/apt/*.bin \
     "$work/root"/var/cache/apt/archives/*.deb "$work/root"/usr/share/doc/* "$work/root"/usr/share/man/*
-  tar -C "$work/root" -czf "$tarball.tmp" .
+  $sudo tar -C "$work/root" -czf "$tarball.tmp" .
+  $sudo chown "$(id -u):$(id -g)" "$tarball.tmp"
   mv "$tarball.tmp" "$tarball"
   echo "rootfs $key made in $(($(date +%s) - started)) s" >&2
 fi

@@ -2,7 +2,8 @@
 `up.sh --scale router=3` brings every service up healthy, the openai SDK streams a chat through
 the frontend and the Python processor host, KV routing keeps prefix-sharing requests on one
 worker, one router container killed under load fails no request, and a service's health check
-fails while it is not ready (a mock worker draining its in-flight streams).
+fails while it is not ready (a mock worker draining its in-flight streams; a router, indexer,
+processor host and worker that cannot register because etcd is down).
 
 Needs docker and docker-compose (and debootstrap, as root, for the base image the first time);
 skipped where docker is not reachable."""
@@ -166,3 +167,25 @@ def test_a_draining_worker_fails_its_health_check(mesh):
     for thread in threads:
         thread.join(timeout=120)
     assert results == [True] * 4, results
+
+
+def test_a_service_that_cannot_register_is_not_healthy(mesh):
+    """With etcd stopped, a router, an indexer replica, the processor host and a mock worker that
+    start again cannot register in discovery: each one's own health check fails until etcd is
+    back, and passes again once each has registered."""
+    services = ("router", "indexer-1", "processor", "mocker")
+    # Earlier tests stopped a router and a worker for good (docker does not restart a container
+    # it was told to kill): one that is still serving of each.
+    containers = {service: next(c for c in mesh.containers(service) if mesh.health(c) == "healthy")
+                  for service in services}
+    mesh.compose("stop", "etcd")
+    try:
+        for container in containers.values():
+            subprocess.run(["docker", "restart", "-t", "5", container], check=True, capture_output=True)
+        time.sleep(4)
+        for service, container in containers.items():
+            assert mesh.healthcheck(container) != 0, f"{service} healthy without discovery"
+    finally:
+        mesh.compose("start", "etcd")
+    for service, container in containers.items():
+        wait_until(lambda c=container: mesh.healthcheck(c) == 0, timeout=90, what=f"{service} healthy again")
