@@ -12,6 +12,7 @@ pub mod kv_publish;
 pub mod lifecycle;
 pub mod names;
 pub mod net;
+pub mod otel;
 pub mod reload;
 pub mod shutdown;
 pub mod stream_client;

@@ -46,6 +46,18 @@ pub fn init_tracing(format: LogFormat) {
     });
 }
 
+/// Sets up a process's telemetry once: log lines ([`init_tracing`]) and, when the `OTEL_*`
+/// environment turns it on, span export as `service` ([`crate::otel::init`]). Must run inside
+/// the Tokio runtime. Keep the returned guard until the process ends: dropping it flushes the
+/// spans not exported yet. A tracing setting this build cannot honour exits at start.
+pub fn init(format: LogFormat, service: &str) -> Option<crate::otel::OtelGuard> {
+    init_tracing(format);
+    match crate::otel::init(service) {
+        Ok(guard) => guard,
+        Err(message) => crate::config::exit_config_error(&message),
+    }
+}
+
 /// Renders a Prometheus registry in the text exposition format.
 pub fn encode_metrics(registry: &prometheus::Registry) -> String {
     use prometheus::Encoder;
