@@ -24,6 +24,16 @@ pub trait WorkerEndpoint: Send + Sync + 'static {
     /// Starts a generation and returns its response stream.
     async fn generate(&self, request: GenerateRequest) -> Result<ResponseStream, tonic::Status>;
 
+    /// [`WorkerEndpoint::generate`] as a step of `trace`: a remote worker gets the trace context
+    /// in its request metadata, so that its span joins the caller's trace.
+    async fn generate_traced(
+        &self,
+        request: GenerateRequest,
+        _trace: &crate::otel::Trace,
+    ) -> Result<ResponseStream, tonic::Status> {
+        self.generate(request).await
+    }
+
     /// Embeds tokenized inputs; an engine without embeddings answers `UNIMPLEMENTED`.
     async fn embed(&self, _request: EmbedRequest) -> Result<EmbedResponse, tonic::Status> {
         Err(crate::ErrorCode::NotImplemented.to_status("this worker serves no embeddings"))
@@ -151,8 +161,19 @@ impl GrpcWorker {
 #[async_trait]
 impl WorkerEndpoint for GrpcWorker {
     async fn generate(&self, request: GenerateRequest) -> Result<ResponseStream, tonic::Status> {
+        self.generate_traced(request, &crate::otel::Trace::off())
+            .await
+    }
+
+    async fn generate_traced(
+        &self,
+        request: GenerateRequest,
+        trace: &crate::otel::Trace,
+    ) -> Result<ResponseStream, tonic::Status> {
         self.check_size(&request)?;
         let mut client = self.client.clone();
+        let mut request = tonic::Request::new(request);
+        trace.inject_metadata(request.metadata_mut());
         let response = tokio::time::timeout(self.request_timeout, client.generate(request))
             .await
             .map_err(|_| {

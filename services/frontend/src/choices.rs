@@ -3,17 +3,14 @@
 //! "Several choices").
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::future::Either;
 use futures::{Stream, StreamExt};
-use kvmesh_core::prefix::PrefixCut;
 use kvmesh_proto::v1::GenerateRequest;
 use kvmesh_router::Generation;
-use kvmesh_routing::RoutingHints;
 
 use crate::error::FrontendError;
-use crate::generate::{self, FirstResponseWait, TextDelta, TokenUsage};
+use crate::generate::{self, GenerateOptions, TextDelta, TokenUsage};
 use crate::metrics::ModelMetrics;
 use crate::models::ModelEntry;
 use crate::pipeline::OutputProcessor;
@@ -40,21 +37,10 @@ pub async fn start_all(
     entry: &Arc<ModelEntry>,
     request: GenerateRequest,
     n: u32,
-    hints: RoutingHints,
-    prefix_cuts: Vec<PrefixCut>,
-    response_timeout: Option<Duration>,
-    wait: FirstResponseWait,
+    options: GenerateOptions,
 ) -> Result<Vec<Generation>, FrontendError> {
-    let starts = (0..n.max(1)).map(|index| {
-        generate::start(
-            entry,
-            choice_request(&request, index),
-            hints.clone(),
-            prefix_cuts.clone(),
-            response_timeout,
-            wait,
-        )
-    });
+    let starts = (0..n.max(1))
+        .map(|index| generate::start(entry, choice_request(&request, index), options.clone()));
     futures::future::try_join_all(starts).await
 }
 

@@ -52,6 +52,8 @@ pub struct StartSettings {
     pub response_timeout: Option<Duration>,
     /// How long to wait for the first response before the edge commits.
     pub wait: FirstResponseWait,
+    /// The edge's span of the request (docs/tracing.md).
+    pub trace: kvmesh_runtime::otel::Trace,
 }
 
 /// A started completion: its text deltas, the worker it runs on, and the echoed prompt.
@@ -139,16 +141,14 @@ pub async fn start(
         max_tokens,
     );
     timer.record_since_arrival(Stage::Preprocess);
-    let generations = choices::start_all(
-        entry,
-        worker_request,
-        sampling.n,
-        settings.hints,
-        Vec::new(),
-        settings.response_timeout,
-        settings.wait,
-    )
-    .await?;
+    let options = crate::generate::GenerateOptions {
+        hints: settings.hints,
+        prefix_cuts: Vec::new().into(),
+        response_timeout: settings.response_timeout,
+        wait: settings.wait,
+        trace: settings.trace,
+    };
+    let generations = choices::start_all(entry, worker_request, sampling.n, options).await?;
     let worker_id = generations[0].worker_id();
     let dp_rank = generations[0].dp_rank();
     let deltas = choices::text_deltas(

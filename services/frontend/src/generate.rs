@@ -3,15 +3,12 @@
 //! worker's token stream into text deltas with stop handling and the edge's latency metrics.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use futures::Stream;
-use kvmesh_core::prefix::PrefixCut;
 use kvmesh_llm::openai::{FinishReason as OpenAiFinish, ToolCallDelta};
 use kvmesh_proto::v1::{FinishReason, GenerateRequest, TokenLogprob};
-use kvmesh_router::GenerateOptions;
-pub use kvmesh_router::{FirstResponseWait, Generation};
-use kvmesh_routing::RoutingHints;
+pub use kvmesh_router::{FirstResponseWait, GenerateOptions, Generation};
 
 use crate::error::FrontendError;
 use crate::models::ModelEntry;
@@ -66,23 +63,15 @@ pub struct ServedBy {
     pub dp_rank: u32,
 }
 
-/// Starts `request` through the model's seam (`prefix_cuts`: the prompt's cut points, so the
-/// router reuses a known prefix's block hashes), waiting for the worker's first response as
-/// `wait` says so that early failures become proper error statuses.
+/// Starts `request` through the model's seam, waiting for the worker's first response as
+/// `options.wait` says so that early failures become proper error statuses (`options`: hints,
+/// the prompt's cut points so the router reuses a known prefix's block hashes, deadlines, and
+/// the request's span).
 pub async fn start(
     entry: &Arc<ModelEntry>,
     request: GenerateRequest,
-    hints: RoutingHints,
-    prefix_cuts: Vec<PrefixCut>,
-    response_timeout: Option<Duration>,
-    wait: FirstResponseWait,
+    options: GenerateOptions,
 ) -> Result<Generation, FrontendError> {
-    let options = GenerateOptions {
-        hints,
-        prefix_cuts: prefix_cuts.into(),
-        response_timeout,
-        wait,
-    };
     Ok(entry.routing.generate(request, options).await?)
 }
 

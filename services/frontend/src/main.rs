@@ -8,7 +8,7 @@ async fn main() -> anyhow::Result<()> {
     if let Err(message) = opts.frontend.validate() {
         kvmesh_runtime::config::exit_config_error(&message);
     }
-    kvmesh_runtime::telemetry::init_tracing(opts.runtime.log_format);
+    let _telemetry = kvmesh_runtime::telemetry::init(opts.runtime.log_format, "kvmesh-frontend");
     opts.frontend.log_startup_warnings();
     let shutdown = kvmesh_runtime::shutdown::signal_token();
     kvmesh_frontend::run(opts, None, shutdown).await

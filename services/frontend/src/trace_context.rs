@@ -3,7 +3,8 @@
 //!
 //! `traceparent` is `version-trace_id-parent_id-flags` in lowercase hex (2-32-16-2 digits); a
 //! trace id or parent id of all zeros is invalid. A request without a valid header starts no
-//! trace: every id is empty.
+//! trace: every id is empty. While the process exports spans (docs/tracing.md), the ids are
+//! those of the frontend's own span of the request, a new trace's when the client sent none.
 
 use axum::http::HeaderMap;
 
@@ -26,9 +27,22 @@ fn is_hex(text: &str, len: usize) -> bool {
 }
 
 impl TraceContext {
-    /// The context a request's `traceparent` header carries, with a new span id for the
-    /// frontend's work; empty when the header is absent or malformed.
-    pub fn from_headers(headers: &HeaderMap) -> Self {
+    /// The context a request's `traceparent` header carries, with the span id of `span` (the
+    /// frontend's span of the request) or, while tracing is off, a new one for the frontend's
+    /// work; empty when tracing is off and the header is absent or malformed.
+    pub fn from_headers(headers: &HeaderMap, span: &kvmesh_runtime::otel::Trace) -> Self {
+        let mut context = Self::from_header(headers);
+        if let (Some(trace_id), Some(span_id)) = (span.trace_id(), span.span_id()) {
+            if trace_id != context.trace_id {
+                context.parent_span_id.clear();
+            }
+            context.trace_id = trace_id;
+            context.span_id = span_id;
+        }
+        context
+    }
+
+    fn from_header(headers: &HeaderMap) -> Self {
         let Some(value) = headers.get("traceparent").and_then(|v| v.to_str().ok()) else {
             return Self::default();
         };
@@ -65,7 +79,7 @@ mod tests {
     fn parse(value: &str) -> TraceContext {
         let mut headers = HeaderMap::new();
         headers.insert("traceparent", value.parse().unwrap());
-        TraceContext::from_headers(&headers)
+        TraceContext::from_headers(&headers, &kvmesh_runtime::otel::Trace::off())
     }
 
     #[test]
@@ -80,7 +94,7 @@ mod tests {
     #[test]
     fn malformed_or_missing_headers_give_no_trace() {
         assert_eq!(
-            TraceContext::from_headers(&HeaderMap::new()),
+            TraceContext::from_headers(&HeaderMap::new(), &kvmesh_runtime::otel::Trace::off()),
             TraceContext::default()
         );
         for bad in [

@@ -66,7 +66,7 @@ pub async fn run(mut opts: UpOpts) -> anyhow::Result<()> {
     if let Err(message) = opts.frontend.validate() {
         kvmesh_runtime::config::exit_config_error(&message);
     }
-    kvmesh_runtime::telemetry::init_tracing(opts.runtime.log_format);
+    let _telemetry = kvmesh_runtime::telemetry::init(opts.runtime.log_format, "kvmesh");
     opts.frontend.log_startup_warnings();
     let shutdown = kvmesh_runtime::shutdown::signal_token();
     let embedded = Embedded::new();

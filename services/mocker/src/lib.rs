@@ -12,6 +12,7 @@ pub mod fault;
 mod guided;
 pub mod opts;
 mod tool_calls;
+mod trace;
 pub mod words;
 pub mod worker;
 

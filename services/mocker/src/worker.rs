@@ -242,6 +242,17 @@ impl WorkerEndpoint for MockWorker {
         self.start(request)
     }
 
+    async fn generate_traced(
+        &self,
+        request: GenerateRequest,
+        trace: &kvmesh_runtime::otel::Trace,
+    ) -> Result<ResponseStream, tonic::Status> {
+        let span = crate::trace::span(trace, &request);
+        self.start(request)
+            .inspect_err(|status| span.fail(status.message()))
+            .map(|stream| crate::trace::traced(stream, span))
+    }
+
     async fn embed(&self, request: EmbedRequest) -> Result<EmbedResponse, tonic::Status> {
         crate::embed::embed(&request)
     }
@@ -255,7 +266,10 @@ impl Worker for MockWorker {
         &self,
         request: tonic::Request<GenerateRequest>,
     ) -> Result<tonic::Response<Self::GenerateStream>, tonic::Status> {
-        self.start(request.into_inner()).map(tonic::Response::new)
+        let parent = kvmesh_runtime::otel::Trace::from_metadata(request.metadata());
+        WorkerEndpoint::generate_traced(self, request.into_inner(), &parent)
+            .await
+            .map(tonic::Response::new)
     }
 
     async fn embed(

@@ -6,7 +6,8 @@ use kvmesh_frontend::opts::FrontendOpts;
 async fn main() -> anyhow::Result<()> {
     let (opts, config) =
         kvmesh_runtime::config::parse_args_with_values(|o: &FrontendOpts| &o.runtime);
-    kvmesh_runtime::telemetry::init_tracing(opts.runtime.log_format);
+    let _telemetry =
+        kvmesh_runtime::telemetry::init(opts.runtime.log_format, "kvmesh-processor-host");
     let shutdown = kvmesh_runtime::shutdown::signal_token();
     kvmesh_processor_host::run(opts, config, shutdown).await
 }

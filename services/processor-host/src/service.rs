@@ -12,6 +12,7 @@ use kvmesh_proto::v1::{
     ProcessDown, ProcessError, ProcessUp, ResponseHeader, call_output, process_down, process_up,
 };
 use kvmesh_runtime::error::GrpcErrorCode;
+use kvmesh_runtime::otel::{KeyValue, SpanKind, Trace};
 use kvmesh_runtime::shutdown::{Inflight, InflightGuard};
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
@@ -159,6 +160,10 @@ impl ChatProcessor for ProcessorService {
         &self,
         request: Request<Streaming<ProcessUp>>,
     ) -> Result<Response<ProcessStream>, Status> {
+        // The host's hop of the request's trace: from the start to the Python engine's end,
+        // each generate call it makes an event on it (docs/tracing.md).
+        let span =
+            Trace::from_metadata(request.metadata()).child("processor_process", SpanKind::Server);
         let mut inbound = request.into_inner();
         let start = match inbound.message().await? {
             Some(ProcessUp {
@@ -169,6 +174,12 @@ impl ChatProcessor for ProcessorService {
                     .to_status("a Process stream starts with a ProcessStart message"));
             }
         };
+        span.set_with(|| {
+            vec![
+                KeyValue::new("kvmesh.request_id", start.request_id.clone()),
+                KeyValue::new("kvmesh.model", start.model.clone()),
+            ]
+        });
         let key = self.next_key.fetch_add(1, Ordering::Relaxed);
         let (events_tx, mut events) = mpsc::unbounded_channel();
         let request_id = start.request_id.clone();
@@ -194,7 +205,10 @@ impl ChatProcessor for ProcessorService {
                     HostEvent::Chunk(json) => down(process_down::Kind::ChunkJson(json.into())),
                     HostEvent::Generate { call_id, json } => {
                         match convert::generate_call(call_id, &request_id, &model, &json) {
-                            Ok(call) => down(process_down::Kind::Generate(call)),
+                            Ok(call) => {
+                                span.event("generate_call");
+                                down(process_down::Kind::Generate(call))
+                            }
                             Err(message) => {
                                 python.send(ToPython::CallError {
                                     key,
@@ -213,6 +227,7 @@ impl ChatProcessor for ProcessorService {
                     HostEvent::CancelCall(call_id) => down(process_down::Kind::CancelCall(call_id)),
                     HostEvent::Error { code, status, message } => {
                         guard.is_finished = true;
+                        span.fail(&message);
                         yield Ok(down(process_down::Kind::Error(ProcessError {
                             error_code: code,
                             http_status: status,
@@ -227,6 +242,7 @@ impl ChatProcessor for ProcessorService {
                 };
                 yield Ok(message);
             }
+            span.end();
             drop(guard);
         };
         Ok(Response::new(Box::pin(stream)))

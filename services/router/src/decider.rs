@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use kvmesh_indexer::client::IndexerClient;
+use kvmesh_runtime::otel::Trace;
 
 use crate::remote::{RemoteLease, RemoteRouters};
 use crate::routing::route_with_index;
@@ -95,8 +96,13 @@ impl RouteLease for RemoteLease {
 #[async_trait]
 pub trait RouteDecider: Send + Sync {
     /// Picks a worker for `request` and holds its load until the lease ends; waits in the queue
-    /// when every worker is busy (dropping the future leaves the queue).
-    async fn decide(&self, request: &RouteRequest<'_>) -> Result<Box<dyn RouteLease>, RouteError>;
+    /// when every worker is busy (dropping the future leaves the queue). `trace` is the
+    /// decision's span: a replica that decides makes its own span a child of it.
+    async fn decide(
+        &self,
+        request: &RouteRequest<'_>,
+        trace: &Trace,
+    ) -> Result<Box<dyn RouteLease>, RouteError>;
 
     /// The busy thresholds requests are admitted under.
     async fn busy_thresholds(&self) -> BusyThresholds;
@@ -117,7 +123,11 @@ pub struct LocalDecider {
 
 #[async_trait]
 impl RouteDecider for LocalDecider {
-    async fn decide(&self, request: &RouteRequest<'_>) -> Result<Box<dyn RouteLease>, RouteError> {
+    async fn decide(
+        &self,
+        request: &RouteRequest<'_>,
+        _trace: &Trace,
+    ) -> Result<Box<dyn RouteLease>, RouteError> {
         let guard = route_with_index(&self.router, self.indexer.as_ref(), request).await?;
         Ok(Box::new(guard))
     }
@@ -176,14 +186,18 @@ impl ReplicaDecider {
 
 #[async_trait]
 impl RouteDecider for ReplicaDecider {
-    async fn decide(&self, request: &RouteRequest<'_>) -> Result<Box<dyn RouteLease>, RouteError> {
+    async fn decide(
+        &self,
+        request: &RouteRequest<'_>,
+        trace: &Trace,
+    ) -> Result<Box<dyn RouteLease>, RouteError> {
         match self.active_remote()? {
             Some(remote) => {
-                let mut lease = remote.route(&self.model, request).await?;
+                let mut lease = remote.route(&self.model, request, trace).await?;
                 lease.set_report_every(self.report_every);
                 Ok(Box::new(lease))
             }
-            None => self.local.decide(request).await,
+            None => self.local.decide(request, trace).await,
         }
     }
 

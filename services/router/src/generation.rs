@@ -6,17 +6,18 @@
 //! business alone.
 
 mod deadline;
+mod embed;
 mod stream;
+pub(crate) mod trace;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use kvmesh_core::prefix::PrefixCut;
-use kvmesh_proto::v1::{
-    EmbedRequest, EmbedResponse, FinishReason, GenerateRequest, GenerateResponse,
-};
+use kvmesh_proto::v1::{FinishReason, GenerateRequest, GenerateResponse};
 use kvmesh_runtime::ErrorCode;
+use kvmesh_runtime::otel::{SpanKind, Trace};
 use kvmesh_runtime::worker_client::{ResponseStream, WorkerEndpoint};
 
 pub use self::deadline::{
@@ -81,6 +82,9 @@ pub struct GenerateOptions {
     pub response_timeout: Option<Duration>,
     /// How long the call waits for the first response.
     pub wait: FirstResponseWait,
+    /// The caller's span of the request: each routing decision, worker attempt and migration
+    /// is a child span of it (docs/tracing.md); off when tracing is.
+    pub trace: Trace,
 }
 
 /// How far a failed request may move (`--migration-limit`, `--migration-max-seq-len`).
@@ -245,7 +249,9 @@ impl ModelRouter {
                 prefix_cuts: &options.prefix_cuts,
             };
             let deciding = Instant::now();
-            let lease = self.inner.decider.decide(&route_request).await?;
+            let route_span = options.trace.internal("route");
+            let lease = self.inner.decider.decide(&route_request, &route_span).await;
+            let lease = trace::decided(&route_span, lease)?;
             let hashing = lease.hash_time();
             timings.hash += hashing;
             timings.route += deciding.elapsed().saturating_sub(hashing);
@@ -263,10 +269,17 @@ impl ModelRouter {
                 continue;
             };
             let dispatching = Instant::now();
-            let outcome = start_on(worker, this_request, options).await;
+            let span = options.trace.child("worker_generate", SpanKind::Client);
+            trace::attempt(&span, worker_id, attempt);
+            let outcome = start_on(worker, this_request, options, &span).await;
             timings.dispatch += dispatching.elapsed();
+            if let Err(error) = &outcome {
+                span.fail(error);
+                span.end();
+            }
             match outcome {
                 Ok(mut started) => {
+                    started.span = span;
                     started.lease = Some(lease);
                     started.timings = timings;
                     return Ok(started);
@@ -307,6 +320,8 @@ pub(crate) struct Started {
     pub(crate) stream: ResponseStream,
     pub(crate) lease: Option<Box<dyn RouteLease>>,
     pub(crate) timings: StartTimings,
+    /// The client span of this worker attempt, ended with the generation.
+    pub(crate) span: Trace,
 }
 
 /// Where the start of a generation spent its time, every attempt included.
@@ -338,51 +353,6 @@ fn worker_error(code: ErrorCode, message: impl Into<String>) -> RouteError {
     }
 }
 
-impl ModelRouter {
-    /// Embeds `request` on one of the model's workers: `pinned` when given (a pin to a worker
-    /// not serving the model finds none), else the one the request id hashes to, since
-    /// embeddings hold no KV cache worth routing for (requests spread evenly without shared
-    /// state); an unreachable worker passes the request to the next.
-    pub async fn embed(
-        &self,
-        request: EmbedRequest,
-        pinned: Option<u64>,
-    ) -> Result<EmbedResponse, RouteError> {
-        let pinned_worker;
-        let workers = match pinned {
-            None => self.workers(),
-            Some(id) => {
-                pinned_worker = self
-                    .workers()
-                    .iter()
-                    .filter(|worker| worker.id == id)
-                    .cloned()
-                    .collect::<Vec<_>>();
-                &pinned_worker
-            }
-        };
-        if workers.is_empty() {
-            return Err(RouteError::NoEndpoint);
-        }
-        let first = xxhash_rust::xxh3::xxh3_64(request.request_id.as_bytes()) as usize;
-        let mut last = RouteError::NoEndpoint;
-        for attempt in 0..workers.len().min(MAX_START_ATTEMPTS) {
-            let worker = &workers[(first + attempt) % workers.len()];
-            match worker.endpoint.embed(request.clone()).await {
-                Ok(response) => return Ok(response),
-                Err(status) => {
-                    let error = worker_failure(status);
-                    if !is_unreachable(&error) {
-                        return Err(error);
-                    }
-                    last = error;
-                }
-            }
-        }
-        Err(last)
-    }
-}
-
 /// A worker's gRPC failure, its code read from the status (never from its text).
 fn worker_failure(status: tonic::Status) -> RouteError {
     worker_error(ErrorCode::of_status(&status), status.message())
@@ -392,6 +362,7 @@ async fn start_on(
     worker: &WorkerRef,
     request: GenerateRequest,
     options: &GenerateOptions,
+    span: &Trace,
 ) -> Result<Started, RouteError> {
     let worker_id = worker.id;
     let routed_rank = request.routing.as_ref().and_then(|r| r.dp_rank);
@@ -402,7 +373,7 @@ async fn start_on(
         .unwrap_or(worker.first_response_timeout);
     let first_deadline = tokio::time::Instant::now() + limit;
     let deadline = Some((limit, first_deadline));
-    let mut stream = by_deadline(deadline, worker.endpoint.generate(request))
+    let mut stream = by_deadline(deadline, worker.endpoint.generate_traced(request, span))
         .await?
         .map_err(worker_failure)?;
     let first = match options.wait {
@@ -434,6 +405,7 @@ async fn start_on(
         stream,
         lease: None,
         timings: StartTimings::default(),
+        span: Trace::off(),
     })
 }
 

@@ -9,7 +9,7 @@ async fn main() -> anyhow::Result<()> {
     if let Err(error) = opts.router.to_config() {
         kvmesh_runtime::config::exit_config_error(&error.to_string());
     }
-    kvmesh_runtime::telemetry::init_tracing(opts.runtime.log_format);
+    let _telemetry = kvmesh_runtime::telemetry::init(opts.runtime.log_format, "kvmesh-router");
     for warning in opts.router.startup_warnings(std::env::args_os()) {
         tracing::warn!("{warning}");
     }

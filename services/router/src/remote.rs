@@ -119,6 +119,7 @@ impl RemoteRouters {
         &self,
         model: &str,
         request: &RouteRequest<'_>,
+        trace: &kvmesh_runtime::otel::Trace,
     ) -> Result<RemoteLease, RouteError> {
         let replicas = self.inner.replicas.load();
         if replicas.is_empty() {
@@ -126,6 +127,7 @@ impl RemoteRouters {
                 "no router replica registered".into(),
             ));
         }
+        let (traceparent, tracestate) = trace.to_fields();
         let wire_request = pb::RouteRequest {
             model: model.to_string(),
             request_id: request.request_id.clone(),
@@ -145,6 +147,8 @@ impl RemoteRouters {
                 .map(wire::override_to_proto),
             caller_instance_id: self.inner.caller_instance_id,
             prefix_cuts: wire::cuts_to_proto(request.prefix_cuts),
+            traceparent,
+            tracestate,
         };
         let start = self.inner.next.fetch_add(1, Ordering::Relaxed);
         let mut last_failure = String::new();

@@ -12,6 +12,7 @@ use kvmesh_proto::v1::router_server::Router;
 use kvmesh_routing::error::RouteError;
 use kvmesh_routing::request::RouteRequest;
 use kvmesh_routing::sync::{SyncEvent, SyncKind};
+use kvmesh_runtime::otel::{SpanKind, Trace};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
@@ -191,16 +192,21 @@ impl Router for RouterService {
         &self,
         request: Request<pb::RoutedGenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
+        let trace =
+            Trace::from_metadata(request.metadata()).child("router_generate", SpanKind::Server);
         let mut routed = request.into_inner();
         let Some(generate) = routed.request.take() else {
             return Err(RouteError::BadRequest("request is required".into()).to_status());
         };
         let model = generate.model.clone();
         let begin = Instant::now();
-        let started = self.start_generate(generate, routed).await;
+        let started = self.start_generate(generate, routed, trace.clone()).await;
         self.observe_decision(&model, &started, begin.elapsed());
-        let generation = started.map_err(|error| error.to_status())?;
-        Ok(Response::new(proxy(generation).boxed()))
+        let generation = started.map_err(|error| {
+            trace.fail(&error);
+            error.to_status()
+        })?;
+        Ok(Response::new(proxy(generation, trace).boxed()))
     }
 
     async fn report(
@@ -253,6 +259,8 @@ impl RouterService {
     /// request stays tracked until reported finished or expired.
     async fn decide(&self, request: pb::RouteRequest) -> Result<pb::RouteResponse, RouteError> {
         let started = Instant::now();
+        let span = Trace::from_fields(&request.traceparent, &request.tracestate)
+            .child("route", SpanKind::Server);
         let result = async {
             validate(&request.model, &request.request_id, &request.token_ids)?;
             let model = self.model(&request.model)?;
@@ -277,6 +285,7 @@ impl RouterService {
                 route_with_index(&model.router, model.indexer.as_ref(), &route_request).await?;
             // From here the caller reports the request's life (or expiry frees it).
             let decision = guard.detach();
+            span.set_with(|| crate::generation::trace::decision_attributes(&decision));
             Ok(wire::decision_to_proto(
                 &decision,
                 &model.router.router_id(),
@@ -284,6 +293,10 @@ impl RouterService {
             ))
         }
         .await;
+        if let Err(error) = &result {
+            span.fail(error);
+        }
+        span.end();
         self.observe_decision(&request.model, &result, started.elapsed());
         result
     }
@@ -345,6 +358,7 @@ impl RouterService {
         &self,
         generate: pb::GenerateRequest,
         routed: pb::RoutedGenerateRequest,
+        trace: Trace,
     ) -> Result<Generation, RouteError> {
         validate(&generate.model, &generate.request_id, &generate.token_ids)?;
         let model = self.model(&generate.model)?;
@@ -360,26 +374,31 @@ impl RouterService {
             prefix_cuts: wire::cuts_from_proto(&routed.prefix_cuts).into(),
             response_timeout: None,
             wait: FirstResponseWait::None,
+            trace,
         };
         model.seam.generate(generate, options).await
     }
 }
 
 /// The seam's responses as the caller sees them; a failure ends the stream with its status.
-/// Dropping the stream (caller gone) frees the request as disconnected.
+/// Dropping the stream (caller gone) frees the request as disconnected; `trace`, the replica's
+/// span of the request, ends with the stream.
 fn proxy(
     mut generation: Generation,
+    trace: Trace,
 ) -> impl futures::Stream<Item = Result<pb::GenerateResponse, Status>> + Send + 'static {
     async_stream::stream! {
         while let Some(item) = generation.next().await {
             match item {
                 Ok(response) => yield Ok(response),
                 Err(error) => {
+                    trace.fail(&error);
                     yield Err(error.to_status());
                     return;
                 }
             }
         }
+        trace.end();
     }
 }
 

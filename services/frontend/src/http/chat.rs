@@ -22,7 +22,7 @@ use super::sse;
 use crate::chat_output::{self, OutputParsing};
 use crate::choices;
 use crate::error::FrontendError;
-use crate::generate::{TextDelta, TokenUsage};
+use crate::generate::{GenerateOptions, TextDelta, TokenUsage};
 use crate::logprobs::LogprobText;
 use crate::models::find_model;
 use crate::opts::ReasoningField;
@@ -297,7 +297,10 @@ pub(crate) async fn start(
     let sampling = check(request)?;
     let entry = find_model(&state.models, &request.model)?;
     early.is_scoped = true;
-    let scope = RequestScope::new(state, &entry, endpoint, stream)?;
+    let mut scope = RequestScope::new(state, &entry, endpoint, stream)?;
+    let trace = scope
+        .start_trace(kvmesh_runtime::otel::Trace::from_http(headers))
+        .clone();
     match state.processor.as_ref().filter(|_| entry.takes_tokens) {
         Some(hosts) => {
             let processor_request = super::routing_hints(
@@ -315,7 +318,8 @@ pub(crate) async fn start(
                     && (!stream || state.settings.pre_commit_peek.is_some()),
                 peek: state.settings.pre_commit_peek.filter(|_| stream),
                 response_timeout: state.settings.backend_stream_timeout,
-                trace: crate::trace_context::TraceContext::from_headers(headers),
+                trace: crate::trace_context::TraceContext::from_headers(headers, &trace),
+                span: trace,
             });
             start_on_processor(hosts, &entry, scope, processor_request)
                 .await
@@ -407,11 +411,18 @@ async fn start_builtin(
         sampling,
     } = arrival;
     let stream = request.is_stream();
+    let trace = scope.trace().clone();
     let started = async {
-        let EncodedPrompt { ids: prompt, cuts } = entry
+        let preprocess = trace.internal("preprocess");
+        let encoded = entry
             .pipeline
             .chat_prompt(request, body_len, &mut timer)
-            .await?;
+            .await;
+        if let Ok(encoded) = &encoded {
+            preprocess.set("kvmesh.prompt_tokens", encoded.ids.len() as i64);
+        }
+        preprocess.end();
+        let EncodedPrompt { ids: prompt, cuts } = encoded?;
         let max_tokens =
             entry
                 .pipeline
@@ -429,21 +440,19 @@ async fn start_builtin(
         );
         worker_request.tools = chat_output::tools_request(request);
         timer.record_since_arrival(Stage::Preprocess);
-        let started = choices::start_all(
-            &entry,
-            worker_request,
-            sampling.n,
-            super::routing_hints(
+        let options = GenerateOptions {
+            hints: super::routing_hints(
                 &state.settings,
                 headers,
                 request.nvext.as_ref(),
                 request.cache_salt.as_deref(),
             )?,
-            cuts,
-            state.settings.backend_stream_timeout,
-            super::first_response_wait(&state.settings, stream),
-        )
-        .await?;
+            prefix_cuts: cuts.into(),
+            response_timeout: state.settings.backend_stream_timeout,
+            wait: super::first_response_wait(&state.settings, stream),
+            trace: trace.clone(),
+        };
+        let started = choices::start_all(&entry, worker_request, sampling.n, options).await?;
         Ok::<_, FrontendError>((started, outputs, num_prompt_tokens))
     }
     .await;

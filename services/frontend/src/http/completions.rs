@@ -76,6 +76,9 @@ async fn serve(
     let stream = request.is_stream();
     early.is_scoped = true;
     let mut scope = RequestScope::new(state, &entry, Completions::NAME, stream)?;
+    let trace = scope
+        .start_trace(kvmesh_runtime::otel::Trace::from_http(headers))
+        .clone();
     let settings = StartSettings {
         request_id: request_id.to_string(),
         hints: super::routing_hints(
@@ -86,6 +89,7 @@ async fn serve(
         )?,
         response_timeout: state.settings.backend_stream_timeout,
         wait: super::first_response_wait(&state.settings, stream),
+        trace,
     };
     let started = match completion::start(&entry, &request, &sampling, timer, settings).await {
         Ok(started) => started,

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use kvmesh_runtime::otel::{KeyValue, SpanKind, Trace};
 use kvmesh_runtime::shutdown::InflightGuard;
 
 use super::AppState;
@@ -60,6 +61,8 @@ pub struct RequestScope {
     stream: bool,
     started: Instant,
     finished: bool,
+    /// The frontend's span of the request (docs/tracing.md); it ends with the request.
+    trace: Trace,
     _inflight: InflightGuard,
     _admitted: Option<tokio::sync::OwnedSemaphorePermit>,
 }
@@ -101,7 +104,22 @@ impl RequestScope {
             stream,
             started: Instant::now(),
             finished: false,
+            trace: Trace::off(),
         })
+    }
+
+    /// Starts the request's span under `parent` (the client's `traceparent`, from
+    /// [`Trace::from_http`] or [`Trace::from_metadata`]). Off (and free) while tracing is off.
+    pub fn start_trace(&mut self, parent: Trace) -> &Trace {
+        self.trace = parent.child(self.endpoint, SpanKind::Server);
+        self.trace
+            .set_with(|| vec![KeyValue::new("kvmesh.model", self.model.name.clone())]);
+        &self.trace
+    }
+
+    /// The request's span, as [`RequestScope::start_trace`] made it.
+    pub fn trace(&self) -> &Trace {
+        &self.trace
     }
 
     /// Records the end of the request.
@@ -110,6 +128,10 @@ impl RequestScope {
             return;
         }
         self.finished = true;
+        if let Some(error) = error {
+            self.trace.fail(error);
+        }
+        self.trace.end();
         self.state.metrics.count_request(
             &self.model.name,
             self.endpoint,

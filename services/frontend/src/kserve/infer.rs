@@ -8,6 +8,7 @@ use kvmesh_llm::openai::{CompletionRequest, SamplingOptions};
 use kvmesh_proto::inference::infer_parameter::ParameterChoice;
 use kvmesh_proto::inference::{InferParameter, ModelInferRequest, ModelInferResponse};
 use kvmesh_routing::RoutingHints;
+use kvmesh_runtime::otel::Trace;
 
 use super::tensors::{self, LlmInputs};
 use crate::completion::{self, StartSettings};
@@ -34,12 +35,20 @@ pub struct Prepared {
     sampling: SamplingOptions,
     hints: RoutingHints,
     timer: RequestTimer,
+    parent: Trace,
 }
 
 impl Prepared {
     /// Whether the request asked for one response per delta.
     pub fn is_streaming(&self) -> bool {
         self.inputs.streaming
+    }
+
+    /// The caller's trace context from the call's metadata (`traceparent`, `tracestate`): the
+    /// request's span becomes its child (docs/tracing.md).
+    pub fn with_trace_from(mut self, metadata: &tonic::metadata::MetadataMap) -> Self {
+        self.parent = Trace::from_metadata(metadata);
+        self
     }
 }
 
@@ -82,6 +91,7 @@ pub fn prepare(
             sampling,
             hints,
             timer,
+            parent: Trace::off(),
         }),
         Err(error) => {
             early.count_failure(state, endpoint, &error);
@@ -152,8 +162,10 @@ async fn start(
         sampling,
         hints,
         timer,
+        parent,
     } = prepared;
     let mut scope = RequestScope::new(state, &entry, endpoint, inputs.streaming)?;
+    let trace = scope.start_trace(parent).clone();
     let settings = StartSettings {
         request_id: uuid::Uuid::new_v4().to_string(),
         hints,
@@ -163,6 +175,7 @@ async fn start(
         } else {
             FirstResponseWait::Full
         },
+        trace,
     };
     match completion::start(&entry, &completion, &sampling, timer, settings).await {
         Ok(started) => Ok((

@@ -164,8 +164,10 @@ impl GrpcInferenceService for KserveService {
         request: Request<ModelInferRequest>,
     ) -> Result<Response<ModelInferResponse>, Status> {
         crate::auth::check_grpc(self.state.api_keys.as_deref(), request.metadata())?;
+        let metadata = request.metadata().clone();
         let prepared = infer::prepare(&self.state, request.into_inner(), INFER_ENDPOINT, false)
-            .map_err(|error| error.to_status())?;
+            .map_err(|error| error.to_status())?
+            .with_trace_from(&metadata);
         infer::unary(&self.state, prepared, INFER_ENDPOINT)
             .await
             .map(Response::new)

@@ -17,6 +17,7 @@ use kvmesh_proto::v1::{
 use kvmesh_router::FirstResponseWait;
 use kvmesh_routing::RoutingHints;
 use kvmesh_runtime::GrpcErrorCode as _;
+use kvmesh_runtime::otel::Trace;
 use tokio::sync::mpsc;
 use tokio::task::{AbortHandle, JoinSet};
 use tokio_stream::wrappers::ReceiverStream;
@@ -53,6 +54,9 @@ pub(crate) struct ProcessorRequest<'a> {
     pub response_timeout: Option<Duration>,
     /// The caller's trace, handed to the processor's `Context`.
     pub trace: crate::trace_context::TraceContext,
+    /// The frontend's span of the request: the host's span and the generate calls' spans are
+    /// its children (docs/tracing.md).
+    pub span: Trace,
 }
 
 /// Token counts of the request's calls, kept by the call pumps, and the worker of the first call
@@ -91,6 +95,7 @@ struct Session {
     up: mpsc::Sender<ProcessUp>,
     hints: RoutingHints,
     response_timeout: Option<Duration>,
+    span: Trace,
     calls: JoinSet<()>,
     by_id: HashMap<u64, AbortHandle>,
     totals: Arc<Totals>,
@@ -196,6 +201,7 @@ impl Session {
             call,
             hints,
             self.response_timeout,
+            self.span.clone(),
             self.up.clone(),
             self.totals.clone(),
         );
@@ -252,6 +258,7 @@ async fn pump_call(
     call: GenerateCall,
     hints: RoutingHints,
     response_timeout: Option<Duration>,
+    span: Trace,
     up: mpsc::Sender<ProcessUp>,
     totals: Arc<Totals>,
 ) {
@@ -286,15 +293,14 @@ async fn pump_call(
     totals
         .prompt
         .fetch_add(request.token_ids.len() as u32, Ordering::Relaxed);
-    let started = crate::generate::start(
-        &entry,
-        request,
+    let options = crate::generate::GenerateOptions {
         hints,
-        Vec::new(),
+        prefix_cuts: Vec::new().into(),
         response_timeout,
-        FirstResponseWait::None,
-    )
-    .await;
+        wait: FirstResponseWait::None,
+        trace: span,
+    };
+    let started = crate::generate::start(&entry, request, options).await;
     let mut generation = match started {
         Ok(generation) => generation,
         Err(error) => {
@@ -335,6 +341,7 @@ async fn pump_call(
 async fn open(
     hosts: &ProcessorHosts,
     start: ProcessStart,
+    span: &Trace,
 ) -> Result<(Host, mpsc::Sender<ProcessUp>, Streaming<ProcessDown>), FrontendError> {
     let no_host = || FrontendError::Worker {
         code: ErrorCode::Unavailable,
@@ -350,7 +357,9 @@ async fn open(
         .await
         .map_err(|_| FrontendError::Internal("processor stream closed".into()))?;
         let mut client = host.client.clone();
-        match client.process(ReceiverStream::new(up_rx)).await {
+        let mut request = tonic::Request::new(ReceiverStream::new(up_rx));
+        span.inject_metadata(request.metadata_mut());
+        match client.process(request).await {
             Ok(response) => {
                 host.served.inc();
                 return Ok((host, up, response.into_inner()));
@@ -385,13 +394,14 @@ pub(crate) async fn start(
         span_id: processor_request.trace.span_id.clone(),
         parent_span_id: processor_request.trace.parent_span_id.clone(),
     };
-    let (host, up, mut down) = open(hosts, start).await?;
+    let (host, up, mut down) = open(hosts, start, &processor_request.span).await?;
     tracing::debug!(host = %format!("{:x}", host.instance_id), "processor request started");
     let mut session = Session {
         entry: entry.clone(),
         up,
         hints: processor_request.hints,
         response_timeout: processor_request.response_timeout,
+        span: processor_request.span,
         calls: JoinSet::new(),
         by_id: HashMap::new(),
         totals: Arc::new(Totals::default()),

@@ -75,6 +75,7 @@ fn options(wait: FirstResponseWait) -> GenerateOptions {
         prefix_cuts: Arc::from(Vec::new()),
         response_timeout: None,
         wait,
+        trace: kvmesh_runtime::otel::Trace::off(),
     }
 }
 

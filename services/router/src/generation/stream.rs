@@ -6,6 +6,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use kvmesh_proto::v1::{FinishReason, GenerateRequest, GenerateResponse};
 use kvmesh_runtime::ErrorCode;
+use kvmesh_runtime::otel::{KeyValue, Trace};
 use kvmesh_runtime::worker_client::ResponseStream;
 
 use super::{
@@ -50,6 +51,8 @@ pub struct Generation {
     has_migrated: bool,
     is_done: bool,
     timings: StartTimings,
+    /// The span of the current worker attempt (off when tracing is).
+    span: Trace,
 }
 
 impl Generation {
@@ -67,6 +70,7 @@ impl Generation {
             stream: started.stream,
             lease: started.lease,
             timings: started.timings,
+            span: started.span,
             resume,
             silence_limit: timeout_override.unwrap_or(DEFAULT_INTER_RESPONSE_TIMEOUT),
             prompt_len,
@@ -120,6 +124,7 @@ impl Generation {
             match next {
                 Ok(response) => return Some(Ok(self.account(response))),
                 Err(error) => {
+                    self.span.fail(&error);
                     if self.migrate(&error).await {
                         continue;
                     }
@@ -165,6 +170,9 @@ impl Generation {
             } else if !self.is_first_token_reported {
                 lease.first_token();
             }
+            if !self.is_first_token_reported {
+                self.span.event("first_token");
+            }
             self.is_first_token_reported = true;
         }
         if self.has_migrated
@@ -183,6 +191,7 @@ impl Generation {
     fn end(&mut self, path: TerminalPath) {
         self.is_done = true;
         self.resume = None;
+        self.span.end();
         if let Some(lease) = self.lease.take() {
             lease.finish(path);
         }
@@ -232,7 +241,24 @@ impl Generation {
         } else {
             "ongoing_request"
         };
-        match model.start(request, &options, &mut state.remaining).await {
+        // One span per migration: the new decision and worker attempt are its children.
+        options.trace = state.options.trace.internal("migration");
+        let span = options.trace.clone();
+        span.set_with(|| {
+            vec![
+                KeyValue::new("kvmesh.migration", i64::from(migration.num_migrations)),
+                KeyValue::new("kvmesh.from_worker_id", format!("{:x}", self.worker_id)),
+                KeyValue::new("kvmesh.generated_tokens", i64::from(generated_len)),
+                KeyValue::new("kvmesh.reason", error.to_string()),
+            ]
+        });
+        self.span.end();
+        let moved = model.start(request, &options, &mut state.remaining).await;
+        if let Err(next_error) = &moved {
+            span.fail(next_error);
+        }
+        span.end();
+        match moved {
             Ok(moved) => {
                 model.inner.observer.migrated(kind);
                 tracing::info!(%error, from = %format!("{:x}", self.worker_id), to = %format!("{:x}", moved.worker_id), kind, "request migrated");
@@ -245,6 +271,7 @@ impl Generation {
                 self.first = moved.first;
                 self.stream = moved.stream;
                 self.lease = moved.lease;
+                self.span = moved.span;
                 self.is_first_token_reported = false;
                 self.has_migrated = true;
                 true
