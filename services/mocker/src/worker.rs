@@ -218,6 +218,22 @@ impl MockWorker {
             .boxed())
     }
 
+    /// [`MockWorker::start`] as a step of `parent`'s trace: the worker's span of the request
+    /// (docs/tracing.md); exactly `start` while tracing is off.
+    fn start_traced(
+        &self,
+        request: GenerateRequest,
+        parent: &kvmesh_runtime::otel::Trace,
+    ) -> Result<ResponseStream, tonic::Status> {
+        if !parent.is_active() {
+            return self.start(request);
+        }
+        let span = crate::trace::span(parent, &request);
+        self.start(request)
+            .inspect_err(|status| span.fail(status.message()))
+            .map(|stream| crate::trace::traced(stream, span))
+    }
+
     async fn ask<T>(
         &self,
         make: impl Fn(oneshot::Sender<T>) -> Command,
@@ -247,10 +263,7 @@ impl WorkerEndpoint for MockWorker {
         request: GenerateRequest,
         trace: &kvmesh_runtime::otel::Trace,
     ) -> Result<ResponseStream, tonic::Status> {
-        let span = crate::trace::span(trace, &request);
-        self.start(request)
-            .inspect_err(|status| span.fail(status.message()))
-            .map(|stream| crate::trace::traced(stream, span))
+        self.start_traced(request, trace)
     }
 
     async fn embed(&self, request: EmbedRequest) -> Result<EmbedResponse, tonic::Status> {
@@ -267,8 +280,7 @@ impl Worker for MockWorker {
         request: tonic::Request<GenerateRequest>,
     ) -> Result<tonic::Response<Self::GenerateStream>, tonic::Status> {
         let parent = kvmesh_runtime::otel::Trace::from_metadata(request.metadata());
-        WorkerEndpoint::generate_traced(self, request.into_inner(), &parent)
-            .await
+        self.start_traced(request.into_inner(), &parent)
             .map(tonic::Response::new)
     }
 
