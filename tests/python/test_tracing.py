@@ -108,15 +108,16 @@ def test_one_request_is_one_trace_through_frontend_processor_router_and_worker(c
             extra_headers={"traceparent": traceparent, "tracestate": "vendor=1"})
         assert reply.choices[0].message.content is not None
 
-        wanted = {"kvmesh-frontend", "kvmesh-processor-host", "kvmesh-router", "kvmesh-mocker"}
+        # Each process exports on its own schedule: wait for every hop's span.
+        wanted = [("kvmesh-frontend", "chat_completions"), ("kvmesh-frontend", "route"),
+                  ("kvmesh-frontend", "worker_generate"), ("kvmesh-processor-host", "processor_process"),
+                  ("kvmesh-router", "route"), ("kvmesh-mocker", "worker_generate")]
 
         def complete():
             spans = collector.spans(trace_id)
-            services = {s["service"] for s in spans}
-            # The root ends last, when the stream is over.
-            return spans if wanted <= services and by_name(spans, "kvmesh-frontend", "chat_completions") else None
+            return spans if all(by_name(spans, *hop) for hop in wanted) else None
 
-        spans = wait_until(complete, timeout=20, interval=0.2, what="spans of every service")
+        spans = wait_until(complete, timeout=20, interval=0.2, what="spans of every hop")
         assert all(s["trace_id"] == trace_id for s in spans)
         root = one(spans, "kvmesh-frontend", "chat_completions")
         assert root["parent_span_id"] == client_span
@@ -156,7 +157,7 @@ def test_one_request_is_one_trace_through_frontend_processor_router_and_worker(c
 
 def test_a_worker_killed_mid_stream_gives_a_span_per_migration(collector):
     mesh = start_mesh(collector, f"tm{uuid.uuid4().hex[:10]}", tracing_env(collector, DYN_MIGRATION_LIMIT="3"),
-                      processor=False, remote_router=False, mocker_args=("--decode-speedup-ratio", "0.05"))
+                      processor=False, remote_router=False, mocker_args=("--decode-speedup-ratio", "0.01"))
     try:
         trace_id, client_span, traceparent = new_traceparent()
         seen = 0
@@ -179,7 +180,10 @@ def test_a_worker_killed_mid_stream_gives_a_span_per_migration(collector):
         def migrated():
             spans = collector.spans(trace_id)
             root = by_name(spans, "kvmesh-frontend", "completions")
-            return spans if root and by_name(spans, "kvmesh-frontend", "migration") else None
+            # Each process exports on its own schedule: wait for the surviving worker's span too.
+            survived = [w for w in by_name(spans, "kvmesh-mocker", "worker_generate")
+                        if w["attributes"].get("kvmesh.migrations") == 1]
+            return spans if root and survived and by_name(spans, "kvmesh-frontend", "migration") else None
 
         spans = wait_until(migrated, timeout=20, interval=0.2, what="the migration span")
         root = one(spans, "kvmesh-frontend", "completions")
