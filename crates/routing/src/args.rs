@@ -434,31 +434,6 @@ impl RouterArgs {
         )
     }
 
-    /// One WARN line per deprecated spelling in `argv` and per deprecated option in use.
-    pub fn deprecation_warnings<I, S>(&self, argv: I) -> Vec<String>
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<OsStr>,
-    {
-        let mut warnings = Vec::new();
-        for arg in argv {
-            let arg = arg.as_ref().to_string_lossy();
-            let name = arg.split('=').next().unwrap_or_default();
-            if let Some((old, new)) = DEPRECATED_ALIASES.iter().find(|(old, _)| *old == name) {
-                warnings.push(format!("{old} is deprecated; use {new}"));
-            }
-        }
-        let legacy_env = std::env::var_os(LEGACY_OVERLAP_WEIGHT_ENV).is_some();
-        if self.router_kv_overlap_score_weight.is_some() || legacy_env {
-            warnings.push(
-                "--router-kv-overlap-score-weight is deprecated; use \
-                 --router-prefill-load-scale and --router-kv-overlap-score-credit"
-                    .into(),
-            );
-        }
-        warnings
-    }
-
     /// Refuses the values of this table's flags that name features not in this release, naming
     /// the flag; `public-xxh3-v1` and `none` are the working values.
     fn check_unsupported(&self) -> Result<(), ConfigError> {
@@ -486,23 +461,6 @@ impl RouterArgs {
                 "--router-prefill-load-model (DYN_ROUTER_PREFILL_LOAD_MODEL): unknown model {other:?}; expected none, aic or ais"
             ))),
         }
-    }
-
-    fn legacy_weight(
-        &self,
-        env: &impl Fn(&str) -> Option<String>,
-    ) -> Result<Option<f64>, ConfigError> {
-        if let Some(weight) = self.router_kv_overlap_score_weight {
-            return Ok(Some(weight));
-        }
-        let Some(raw) = env(LEGACY_OVERLAP_WEIGHT_ENV).filter(|v| !v.trim().is_empty()) else {
-            return Ok(None);
-        };
-        finite_non_negative(&raw).map(Some).map_err(|e| {
-            ConfigError(format!(
-                "--router-kv-overlap-score-weight ({LEGACY_OVERLAP_WEIGHT_ENV}): {e}"
-            ))
-        })
     }
 }
 

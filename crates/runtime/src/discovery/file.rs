@@ -23,6 +23,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
+use self::scan::{is_expired, remove_expired, scan};
 use super::mem::random_instance_id;
 use super::{Discovery, KeyValue, RegistrationState, RegistrationStatus, WatchEvent, WatchStream};
 use crate::{Error, Result};
@@ -66,86 +67,6 @@ fn key_path(root: &Path, key: &str) -> Result<PathBuf> {
 
 fn io_error(what: &str, path: &Path, error: &std::io::Error) -> Error {
     Error::Discovery(format!("{what} {}: {error}", path.display()))
-}
-
-fn is_expired(modified: SystemTime, now: SystemTime, ttl: Duration) -> bool {
-    now.duration_since(modified).is_ok_and(|age| age > ttl)
-}
-
-/// What one scan of a prefix found.
-#[derive(Default)]
-struct Scan {
-    live: BTreeMap<String, Bytes>,
-    expired: Vec<PathBuf>,
-}
-
-/// Reads every live key under `prefix` (blocking). Files vanishing mid-scan are skipped.
-fn scan(root: &Path, prefix: &str, ttl: Duration) -> Scan {
-    let mut out = Scan::default();
-    // Walk from the deepest directory the prefix names; keys are filtered by prefix below.
-    let dir_part = prefix.rfind('/').map_or("", |end| &prefix[..end]);
-    let mut base = root.to_path_buf();
-    let mut base_key = String::new();
-    for segment in dir_part.split('/').filter(|s| !s.is_empty()) {
-        if segment == "." || segment == ".." {
-            return out;
-        }
-        base.push(segment);
-        base_key.push('/');
-        base_key.push_str(segment);
-    }
-    let now = SystemTime::now();
-    let mut pending = vec![(base, base_key)];
-    while let Some((dir, dir_key)) = pending.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let Ok(name) = entry.file_name().into_string() else {
-                continue;
-            };
-            if dir_key.is_empty() && name.starts_with(TMP_DIR) {
-                continue;
-            }
-            let key = format!("{dir_key}/{name}");
-            let Ok(file_type) = entry.file_type() else {
-                continue;
-            };
-            if file_type.is_dir() {
-                // Descend only where keys under the prefix can be.
-                if key.starts_with(prefix) || prefix.starts_with(&format!("{key}/")) {
-                    pending.push((entry.path(), key));
-                }
-                continue;
-            }
-            if !file_type.is_file() || !key.starts_with(prefix) {
-                continue;
-            }
-            let path = entry.path();
-            match std::fs::metadata(&path).and_then(|meta| meta.modified()) {
-                Ok(modified) if is_expired(modified, now, ttl) => out.expired.push(path),
-                Ok(_) => {
-                    if let Ok(value) = std::fs::read(&path) {
-                        out.live.insert(key, Bytes::from(value));
-                    }
-                }
-                Err(_) => {}
-            }
-        }
-    }
-    out
-}
-
-/// Removes expired files, re-checking each just before so a fresh touch is not undone.
-fn remove_expired(paths: &[PathBuf], ttl: Duration) {
-    for path in paths {
-        let is_still_expired = std::fs::metadata(path)
-            .and_then(|meta| meta.modified())
-            .is_ok_and(|modified| is_expired(modified, SystemTime::now(), ttl));
-        if is_still_expired && std::fs::remove_file(path).is_ok() {
-            tracing::debug!(path = %path.display(), "removed expired discovery file");
-        }
-    }
 }
 
 struct Shared {
@@ -505,6 +426,8 @@ async fn watch_loop(
         }
     }
 }
+
+mod scan;
 
 #[cfg(test)]
 #[path = "file_tests.rs"]
