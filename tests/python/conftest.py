@@ -234,6 +234,29 @@ def complete_on(mesh, prompt, max_tokens=4):
     return r.json()["nvext"]["worker_id"]["decode_worker_id"]
 
 
+def stream_usage(base_url, path, body):
+    """One streamed request to `path` (OpenAI SSE); returns (completion tokens from the final
+    usage, the error event or exception if any)."""
+    import json
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    tokens, error = 0, None
+    try:
+        with requests.post(f"{base_url}{path}", json=body, stream=True, timeout=120) as r:
+            if r.status_code != 200:
+                return 0, f"status {r.status_code}: {r.text[:200]}"
+            for line in r.iter_lines():
+                if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                    continue
+                event = json.loads(line[len(b"data: "):])
+                if "error" in event:
+                    error = event["error"]
+                if event.get("usage"):
+                    tokens = event["usage"]["completion_tokens"]
+    except requests.RequestException as e:
+        error = repr(e)
+    return tokens, error
+
+
 def assert_prefix_follows_the_cache(mesh, block, settle=1.0, seed=7):
     """KV routing over two workers: requests sharing a 4-block prefix go to the worker that
     served the first (once its blocks reached the index), and unrelated prompts use both.

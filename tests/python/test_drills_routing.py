@@ -4,7 +4,6 @@ worker is ejected and readmitted once it recovers; a killed router replica's syn
 killed frontend's routings are released within the discovery lease TTL; a restarted indexer
 replica past the stream's retention converges to its peer. The worker-kill drill under 200
 streams is test_migration.py::test_a_burst_of_migrations_fails_no_stream."""
-import json
 import signal
 import threading
 import time
@@ -15,7 +14,8 @@ import grpc
 import pytest
 import requests
 
-from conftest import TINY_MODEL, Mesh, Proc, free_port, proto_stubs, require_env, wait_ready, wait_until
+from conftest import (TINY_MODEL, Mesh, Proc, free_port, proto_stubs, require_env, stream_usage, wait_ready,
+                      wait_until)
 
 # etcd leases of kvmesh processes last 10 s (crates/runtime/src/discovery/etcd.rs); a departed
 # process's routings must be released within that plus the watch's delivery.
@@ -71,24 +71,8 @@ def faulty_mesh(tmp_path, frontend_env, frontend_args=()):
 
 def stream_completion(base_url, index, max_tokens):
     """One streamed completion; returns (completion tokens from the final usage, error or None)."""
-    body = {"model": "tiny", "prompt": f"story number {index}", "max_tokens": max_tokens, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
-    tokens, error = 0, None
-    try:
-        with requests.post(f"{base_url}/v1/completions", json=body, stream=True, timeout=120) as r:
-            if r.status_code != 200:
-                return 0, f"status {r.status_code}: {r.text[:200]}"
-            for line in r.iter_lines():
-                if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                    continue
-                event = json.loads(line[len(b"data: "):])
-                if "error" in event:
-                    error = event["error"]
-                if event.get("usage"):
-                    tokens = event["usage"]["completion_tokens"]
-    except requests.RequestException as e:
-        error = repr(e)
-    return tokens, error
+    return stream_usage(base_url, "/v1/completions", {
+        "model": "tiny", "prompt": f"story number {index}", "max_tokens": max_tokens, "ignore_eos": True})
 
 
 def served_by(base_url, prompt):

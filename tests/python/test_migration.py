@@ -10,7 +10,7 @@ import grpc
 import pytest
 import requests
 
-from conftest import proto_stubs, start_distributed, wait_until
+from conftest import proto_stubs, start_distributed, stream_usage, wait_until
 
 
 def running_on(mesh):
@@ -142,25 +142,9 @@ def test_without_migration_the_client_sees_the_failure(plain_mesh):
 
 def stream_tokens(base_url, index, max_tokens):
     """One streamed chat; returns (completion tokens from the final usage, the error if any)."""
-    body = {"model": "tiny", "messages": [{"role": "user", "content": f"story {index}"}],
-            "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
-    tokens, error = 0, None
-    try:
-        with requests.post(f"{base_url}/v1/chat/completions", json=body, stream=True, timeout=120) as r:
-            if r.status_code != 200:
-                return 0, f"status {r.status_code}: {r.text[:200]}"
-            for line in r.iter_lines():
-                if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                    continue
-                event = json.loads(line[len(b"data: "):])
-                if "error" in event:
-                    error = event["error"]
-                if event.get("usage"):
-                    tokens = event["usage"]["completion_tokens"]
-    except requests.RequestException as e:
-        error = repr(e)
-    return tokens, error
+    return stream_usage(base_url, "/v1/chat/completions", {
+        "model": "tiny", "messages": [{"role": "user", "content": f"story {index}"}],
+        "max_tokens": max_tokens, "ignore_eos": True})
 
 
 @pytest.mark.parametrize("num_workers,num_streams", [(2, 200), (4, 400)])

@@ -8,8 +8,10 @@
 //! every couple of seconds.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::{ArcSwap, Guard};
 use tokio_util::sync::CancellationToken;
 
 /// How often watched files are read again.
@@ -53,6 +55,59 @@ impl WatchedFiles {
         }
         self.last = Some(digest);
         read.map(Some)
+    }
+}
+
+/// What a set of files describes (the edge's or the mesh's TLS configurations), built from their
+/// contents at start and built again when they change; a rebuild that fails keeps the last one.
+pub struct Reloaded<F, S> {
+    files: F,
+    state: ArcSwap<S>,
+    build: fn(&F, &[Vec<u8>]) -> Result<S, String>,
+}
+
+impl<F: std::fmt::Debug, S> std::fmt::Debug for Reloaded<F, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reloaded")
+            .field("files", &self.files)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F, S> Reloaded<F, S> {
+    /// Reads `watched` (the files `files` names, in the order `build` expects) and builds the
+    /// state; the returned [`WatchedFiles`] remember what was read, for [`watch_files`].
+    pub fn open(
+        files: F,
+        mut watched: WatchedFiles,
+        build: fn(&F, &[Vec<u8>]) -> Result<S, String>,
+    ) -> Result<(Self, WatchedFiles), String> {
+        let contents = watched.read_if_changed()?.unwrap_or_default();
+        let state = build(&files, &contents)?;
+        let reloaded = Self {
+            files,
+            state: ArcSwap::from_pointee(state),
+            build,
+        };
+        Ok((reloaded, watched))
+    }
+
+    /// Replaces the state with one built from `contents` (the files' new contents); on an error
+    /// the current one stays.
+    pub fn apply(&self, contents: &[Vec<u8>]) -> Result<(), String> {
+        let state = (self.build)(&self.files, contents)?;
+        self.state.store(Arc::new(state));
+        Ok(())
+    }
+
+    /// The current state.
+    pub fn load(&self) -> Guard<Arc<S>> {
+        self.state.load()
+    }
+
+    /// The files.
+    pub fn files(&self) -> &F {
+        &self.files
     }
 }
 

@@ -14,7 +14,6 @@ pub mod mesh;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
 use rustls::RootCertStore;
 use rustls::ServerConfig;
 use rustls::crypto::CryptoProvider;
@@ -22,7 +21,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 
-use crate::reload::WatchedFiles;
+use crate::reload::{Reloaded, WatchedFiles};
 
 pub use self::accept::{TlsConn, incoming, incoming_with};
 
@@ -74,31 +73,16 @@ struct Configs {
 }
 
 /// The edge's current TLS configurations (see the module docs).
-pub struct EdgeTls {
-    files: EdgeTlsFiles,
-    configs: ArcSwap<Configs>,
-}
-
-impl std::fmt::Debug for EdgeTls {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EdgeTls")
-            .field("files", &self.files)
-            .finish_non_exhaustive()
-    }
-}
+#[derive(Debug)]
+pub struct EdgeTls(Reloaded<EdgeTlsFiles, Configs>);
 
 impl EdgeTls {
     /// Reads and checks the files; the error names the flag whose file is wrong. The returned
     /// [`WatchedFiles`] remember what was read, for [`crate::reload::watch_files`].
     pub fn open(files: EdgeTlsFiles) -> Result<(Arc<Self>, WatchedFiles), String> {
-        let mut watched = files.watched();
-        let contents = watched.read_if_changed()?.unwrap_or_default();
-        let configs = build(&files, &contents)?;
-        let tls = Arc::new(Self {
-            files,
-            configs: ArcSwap::from_pointee(configs),
-        });
-        Ok((tls, watched))
+        let watched = files.watched();
+        let (configs, watched) = Reloaded::open(files, watched, build)?;
+        Ok((Arc::new(Self(configs)), watched))
     }
 
     /// Checks that the files make a valid configuration, without keeping it.
@@ -109,14 +93,12 @@ impl EdgeTls {
     /// Replaces the configurations with ones built from `contents` (the files' new contents, in
     /// [`EdgeTlsFiles`] order); on an error the current ones stay.
     pub fn apply(&self, contents: &[Vec<u8>]) -> Result<(), String> {
-        let configs = build(&self.files, contents)?;
-        self.configs.store(Arc::new(configs));
-        Ok(())
+        self.0.apply(contents)
     }
 
     /// The configuration new connections of `protocol` get.
     pub fn config(&self, protocol: EdgeProtocol) -> Arc<ServerConfig> {
-        let configs = self.configs.load();
+        let configs = self.0.load();
         match protocol {
             EdgeProtocol::Http => configs.http.clone(),
             EdgeProtocol::Grpc => configs.grpc.clone(),

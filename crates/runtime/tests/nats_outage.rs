@@ -11,7 +11,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt;
 use kvmesh_runtime::event_plane::nats::NatsEventPlane;
-use kvmesh_runtime::event_plane::{EventPlane, StreamConfig, ensure_stream_eventually};
+use kvmesh_runtime::event_plane::{
+    EventPlane, StreamConfig, Subscription, ensure_stream_eventually,
+};
 use tokio_util::sync::CancellationToken;
 
 /// Whether the real-server tests run.
@@ -122,23 +124,8 @@ async fn a_plane_started_while_nats_is_down_uses_it_once_up() {
     })
     .await;
     let other = NatsEventPlane::connect(&nats.url()).await.unwrap();
-    // The subscription is sent on connecting; publish until one arrives.
-    let received = tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            other
-                .publish("outage.load", Bytes::from_static(b"x"))
-                .await
-                .unwrap();
-            if let Ok(Some(message)) =
-                tokio::time::timeout(Duration::from_millis(200), subscription.next()).await
-            {
-                return message;
-            }
-        }
-    })
-    .await
-    .expect("no message on the early subscription");
-    assert_eq!(&received.payload[..], b"x");
+    // The subscription is sent on connecting.
+    publish_until_received(&other, &mut subscription, b"x", "the early subscription").await;
     let sequence = plane
         .publish_durable("outage.kv.a", "m1", Bytes::from_static(b"1"))
         .await
@@ -203,10 +190,27 @@ async fn subscriptions_and_consumers_survive_a_nats_restart() {
     .await
     .expect("the consumer delivered nothing after the restart");
     assert_eq!((next.sequence, &next.payload[..]), (2, &b"2"[..]));
+    publish_until_received(
+        &publisher,
+        &mut subscription,
+        b"y",
+        "the restarted subscription",
+    )
+    .await;
+}
+
+/// Publishes `payload` on `outage.load` until `subscription` delivers it (a subscription reaches
+/// the server a moment after it is made or the connection comes back).
+async fn publish_until_received(
+    publisher: &NatsEventPlane,
+    subscription: &mut Subscription,
+    payload: &'static [u8],
+    what: &str,
+) {
     let received = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
             publisher
-                .publish("outage.load", Bytes::from_static(b"y"))
+                .publish("outage.load", Bytes::from_static(payload))
                 .await
                 .unwrap();
             if let Ok(Some(message)) =
@@ -217,6 +221,6 @@ async fn subscriptions_and_consumers_survive_a_nats_restart() {
         }
     })
     .await
-    .expect("the subscription delivered nothing after the restart");
-    assert_eq!(&received.payload[..], b"y");
+    .unwrap_or_else(|_| panic!("nothing delivered on {what}"));
+    assert_eq!(&received.payload[..], payload);
 }

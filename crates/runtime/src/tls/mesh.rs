@@ -23,7 +23,6 @@ use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
-use arc_swap::ArcSwap;
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, ServerConfig};
@@ -32,7 +31,7 @@ use tokio_rustls::client::TlsStream;
 use tokio_util::sync::CancellationToken;
 
 use super::{parse_chain, parse_key, parse_roots, provider, server_config};
-use crate::reload::WatchedFiles;
+use crate::reload::{Reloaded, WatchedFiles};
 
 const CERT_FLAG: &str = "--tcp-tls-cert-path (DYN_TCP_TLS_CERT_PATH)";
 const KEY_FLAG: &str = "--tcp-tls-key-path (DYN_TCP_TLS_KEY_PATH)";
@@ -87,54 +86,37 @@ struct Configs {
 }
 
 /// The mesh's current TLS configurations (see the module docs).
-pub struct MeshTls {
-    files: MeshTlsFiles,
-    configs: ArcSwap<Configs>,
-}
-
-impl std::fmt::Debug for MeshTls {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MeshTls")
-            .field("files", &self.files)
-            .finish_non_exhaustive()
-    }
-}
+#[derive(Debug)]
+pub struct MeshTls(Reloaded<MeshTlsFiles, Configs>);
 
 impl MeshTls {
     /// Reads and checks the files; the error names the flag whose file is wrong. The returned
     /// [`WatchedFiles`] remember what was read, for [`crate::reload::watch_files`].
     pub fn open(files: MeshTlsFiles) -> Result<(Arc<Self>, WatchedFiles), String> {
-        let mut watched = WatchedFiles::new(files.flagged().into_iter().map(|(_, p)| p).collect());
-        let contents = watched.read_if_changed()?.unwrap_or_default();
-        let configs = build(&files, &contents)?;
-        let tls = Arc::new(Self {
-            files,
-            configs: ArcSwap::from_pointee(configs),
-        });
-        Ok((tls, watched))
+        let watched = WatchedFiles::new(files.flagged().into_iter().map(|(_, p)| p).collect());
+        let (configs, watched) = Reloaded::open(files, watched, build)?;
+        Ok((Arc::new(Self(configs)), watched))
     }
 
     /// Replaces the configurations with ones built from `contents` (the files' new contents);
     /// on an error the current ones stay.
     pub fn apply(&self, contents: &[Vec<u8>]) -> Result<(), String> {
-        let configs = build(&self.files, contents)?;
-        self.configs.store(Arc::new(configs));
-        Ok(())
+        self.0.apply(contents)
     }
 
     /// The configuration a new server connection gets; `None`: servers speak plaintext.
     pub fn server_config(&self) -> Option<Arc<ServerConfig>> {
-        self.configs.load().server.clone()
+        self.0.load().server.clone()
     }
 
     /// The configuration a new client connection gets; `None`: clients dial plaintext.
     pub fn client_config(&self) -> Option<Arc<ClientConfig>> {
-        self.configs.load().client.clone()
+        self.0.load().client.clone()
     }
 
     /// Whether this process dials its peers over TLS.
     pub fn dials_tls(&self) -> bool {
-        self.files.ca.is_some()
+        self.0.files().ca.is_some()
     }
 }
 
