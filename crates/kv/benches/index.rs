@@ -52,6 +52,7 @@ fn store_batch(worker: u64, event_id: u64, chain: u64, first: u64) -> KvEventBat
         }],
         published_at_ms: 0,
         worker_removed: false,
+        worker_readmitted: false,
     }
 }
 
@@ -69,6 +70,7 @@ fn remove_batch(worker: u64, event_id: u64, chain: u64, first: u64) -> KvEventBa
         }],
         published_at_ms: 0,
         worker_removed: false,
+        worker_readmitted: false,
     }
 }
 

@@ -185,6 +185,12 @@ impl ApproxIndex {
         self.index.find_matches(local_hashes)
     }
 
+    /// Records decisions for a worker again after [`Self::remove_worker`]: it registered again
+    /// under the same id.
+    pub fn readmit_worker(&mut self, worker_id: u64) {
+        self.index.readmit_worker(worker_id);
+    }
+
     /// Drops a worker that left discovery (all dp ranks) and ignores it from now on.
     pub fn remove_worker(&mut self, worker_id: u64) {
         self.index.remove_worker(worker_id);

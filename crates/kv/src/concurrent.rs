@@ -140,6 +140,16 @@ impl ConcurrentIndex {
         self.apply(KvEventBatch::worker_removed(worker_id))
     }
 
+    /// Whether `worker_id` is removed (a worker-removed marker applied, no readmission since), and
+    /// how many times it was readmitted: what names its next marker.
+    pub fn removal_state(&self, worker_id: u64) -> (bool, u32) {
+        let index = read(&self.lanes[self.lane_of(worker_id)]);
+        (
+            index.is_worker_removed(worker_id),
+            index.num_readmissions(worker_id),
+        )
+    }
+
     /// Waits until every batch queued before the call is applied (the drain step of a consistent
     /// cut; docs/indexer.md, "Concurrency").
     pub fn flush(&self) -> Result<(), LaneClosed> {

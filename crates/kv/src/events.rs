@@ -84,6 +84,9 @@ pub struct KvEventBatch {
     /// Marker: the worker left discovery; drop every block of every dp rank and ignore the worker
     /// from now on. `events` and `dp_rank` are ignored when set.
     pub worker_removed: bool,
+    /// Marker: a removed worker registered again under the same id (its lease came back); its
+    /// later events are applied again. `events` and `dp_rank` are ignored when set.
+    pub worker_readmitted: bool,
 }
 
 impl KvEventBatch {
@@ -101,11 +104,25 @@ impl KvEventBatch {
         }
     }
 
+    /// A worker-readmitted marker for `worker_id` (docs/kv-events.md, "Worker removal").
+    pub fn worker_readmitted(worker_id: u64) -> Self {
+        Self {
+            worker_id,
+            worker_readmitted: true,
+            ..Self::default()
+        }
+    }
+
+    /// Whether the batch is a marker (removed or readmitted) rather than a run of events.
+    pub fn is_marker(&self) -> bool {
+        self.worker_removed || self.worker_readmitted
+    }
+
     /// Block operations the batch carries (stored blocks + removed hashes; a clear counts 1).
     ///
     /// Used to size apply-lane work and by benchmarks that count block operations.
     pub fn block_ops(&self) -> usize {
-        self.events.iter().map(KvEvent::block_ops).sum::<usize>() + usize::from(self.worker_removed)
+        self.events.iter().map(KvEvent::block_ops).sum::<usize>() + usize::from(self.is_marker())
     }
 }
 

@@ -129,6 +129,10 @@ pub struct RadixIndex {
     members: Vec<Option<Member>>,
     by_key: HashMap<WorkerKey, u32>,
     removed_workers: HashSet<u64>,
+    /// How many times each worker was readmitted after a removal, which keeps the stream message
+    /// ids of its next markers apart from the last ones (docs/kv-events.md). Not part of a dump, so a replica that loaded a
+    /// snapshot may count lower, which only costs the stream's de-duplication of its markers.
+    readmissions: HashMap<u64, u32>,
     /// Per-tier engine-hash counts of (node, member) entries named by several engine hashes.
     aliases: HashMap<(u32, u32), [u32; 4]>,
     digest: u64,
@@ -220,9 +224,22 @@ impl RadixIndex {
             .and_then(|member| member.last_event_id)
     }
 
-    /// Whether a worker-removed marker was applied for `worker_id`.
+    /// Whether a worker-removed marker was applied for `worker_id` (and no readmission since).
     pub fn is_worker_removed(&self, worker_id: u64) -> bool {
         self.removed_workers.contains(&worker_id)
+    }
+
+    /// How many times `worker_id` was readmitted after a removal.
+    pub fn num_readmissions(&self, worker_id: u64) -> u32 {
+        self.readmissions.get(&worker_id).copied().unwrap_or(0)
+    }
+
+    /// Lifts a worker-removed marker: the worker registered again under the same id, so its
+    /// later events are applied again (from an empty tree). A no-op for a worker not removed.
+    pub fn readmit_worker(&mut self, worker_id: u64) {
+        if self.removed_workers.remove(&worker_id) {
+            *self.readmissions.entry(worker_id).or_default() += 1;
+        }
     }
 
     /// Outcome counters since creation.
@@ -250,6 +267,7 @@ impl RadixIndex {
                 std::mem::size_of::<(WorkerKey, u32)>(),
             )
             + map_bytes(self.removed_workers.capacity(), 8)
+            + map_bytes(self.readmissions.capacity(), 12)
             + map_bytes(
                 self.aliases.capacity(),
                 std::mem::size_of::<((u32, u32), [u32; 4])>(),

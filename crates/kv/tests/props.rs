@@ -134,6 +134,7 @@ fn to_batches(steps: &[Step]) -> Vec<KvEventBatch> {
             events,
             published_at_ms: 0,
             worker_removed: false,
+            worker_readmitted: false,
         });
     }
     batches

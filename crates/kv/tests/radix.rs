@@ -154,6 +154,39 @@ fn worker_removed_drops_all_ranks_and_ignores_later_events() {
 }
 
 #[test]
+fn worker_readmitted_applies_its_events_again_from_an_empty_tree() {
+    let mut index = index_with(&[batch(w(1), vec![store(0, None, &[(101, 1), (102, 2)])])]);
+    index.apply(&KvEventBatch::worker_removed(1));
+    index.apply(&batch(w(1), vec![store(1, None, &[(103, 3)])]));
+    assert_eq!(
+        index.find_matches(&[3]).device(w(1)),
+        0,
+        "ignored while removed"
+    );
+    index.apply(&KvEventBatch::worker_readmitted(1));
+    index.apply(&KvEventBatch::worker_readmitted(1));
+    assert!(!index.is_worker_removed(1));
+    assert_eq!(
+        index.num_readmissions(1),
+        1,
+        "a second marker changes nothing"
+    );
+    // The member starts over: its next event is a first event, whatever its id.
+    index.apply(&batch(w(1), vec![store(7, None, &[(104, 4)])]));
+    index.validate().expect("consistent");
+    assert_eq!(index.find_matches(&[4]).device(w(1)), 1);
+    assert_eq!(
+        index.find_matches(&[1, 2]).device(w(1)),
+        0,
+        "old blocks stay gone"
+    );
+    assert_eq!(index.last_event_id(w(1)), Some(7));
+    // Readmitting a worker never removed is a no-op.
+    index.apply(&KvEventBatch::worker_readmitted(9));
+    assert_eq!(index.num_readmissions(9), 0);
+}
+
+#[test]
 fn duplicates_are_skipped_and_gaps_applied_and_counted() {
     let mut index = index_with(&[batch(w(1), vec![store(0, None, &[(101, 1)])])]);
     // Duplicate of id 0 (different content): skipped.

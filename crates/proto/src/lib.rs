@@ -79,6 +79,7 @@ mod tests {
             }],
             published_at_ms: 0,
             worker_removed: false,
+            worker_readmitted: false,
         };
         // worker_id = 1 (tag 0x08 value 1), events = 3 (tag 0x1a, length 4):
         // KvEvent { cleared = 5 (tag 0x2a, length 0) } with zero event_id and tier omitted.

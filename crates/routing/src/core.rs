@@ -234,6 +234,16 @@ impl RouterCore {
 
     /// Adds or replaces a discovered worker (its runtime config may have changed).
     pub fn upsert_worker(&mut self, info: WorkerInfo, now: Duration) {
+        if !self.workers.contains_key(&info.worker_id) {
+            // A worker that left and registered again under the same id (its lease came back)
+            // is routed to, and recorded in the decision-fed indexes, again.
+            if let Some(approx) = self.approx.as_mut() {
+                approx.readmit_worker(info.worker_id);
+            }
+            if let Some(side) = self.side.as_mut() {
+                side.readmit_worker(info.worker_id);
+            }
+        }
         if let (Some(approx), Some(runtime)) = (self.approx.as_mut(), info.runtime)
             && let Some(total) = runtime.total_kv_blocks
         {

@@ -199,6 +199,22 @@ fn kv_events_off_uses_the_approximate_index_with_its_ttl() {
 }
 
 #[test]
+fn a_worker_registered_again_under_its_id_is_recorded_in_the_approximate_index_again() {
+    let mut approx = core(&["--router-mode", "kv", "--no-router-kv-events"], &[1]);
+    route(&mut approx, "a", &p(), s(0));
+    approx.free("a", TerminalPath::Completed, s(0));
+    approx.remove_worker(1, s(1));
+    assert_eq!(approx.approx_blocks(), Some(0));
+    // Its lease came back: the same id registers again.
+    approx.upsert_worker(worker(1, None, None), s(2));
+    let again = route(&mut approx, "b", &p(), s(2));
+    assert_eq!(again.worker_id, 1);
+    assert_eq!(approx.approx_blocks(), Some(10), "decisions recorded again");
+    approx.free("b", TerminalPath::Completed, s(2));
+    assert_eq!(route(&mut approx, "c", &p(), s(3)).overlap_blocks, 10);
+}
+
+#[test]
 fn max_tree_size_and_prune_ratio_bound_the_approximate_index() {
     let mut small = core(
         &[

@@ -224,6 +224,7 @@ pub fn split_batches(
         events: Vec::new(),
         published_at_ms,
         worker_removed: false,
+        worker_readmitted: false,
     };
     let mut batches = Vec::new();
     let mut batch = empty.clone();

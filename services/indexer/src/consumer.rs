@@ -331,11 +331,17 @@ fn apply(
         state.set_applied_seq(seq);
         return Ok(());
     };
-    if batch.worker_removed {
-        // Worker ids are never reused: the worker leaves every model of this shard.
+    if batch.is_marker() {
+        // A marker is about the worker, not one model: it leaves (or rejoins) every model of
+        // this shard.
         for (_, other) in state.models() {
             if !Arc::ptr_eq(&other, &index) {
-                apply_batch(&other, KvEventBatch::worker_removed(batch.worker_id))?;
+                let marker = if batch.worker_removed {
+                    KvEventBatch::worker_removed(batch.worker_id)
+                } else {
+                    KvEventBatch::worker_readmitted(batch.worker_id)
+                };
+                apply_batch(&other, marker)?;
             }
         }
     }

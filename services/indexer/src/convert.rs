@@ -16,6 +16,7 @@ pub fn batch_from_proto(batch: pb::KvEventBatch) -> KvEventBatch {
             .collect(),
         published_at_ms: batch.published_at_ms,
         worker_removed: batch.worker_removed,
+        worker_readmitted: batch.worker_readmitted,
     }
 }
 
@@ -54,6 +55,7 @@ pub fn batch_to_proto(batch: &KvEventBatch) -> pb::KvEventBatch {
         events: batch.events.iter().map(event_to_proto).collect(),
         published_at_ms: batch.published_at_ms,
         worker_removed: batch.worker_removed,
+        worker_readmitted: batch.worker_readmitted,
     }
 }
 
@@ -156,6 +158,7 @@ mod tests {
             ],
             published_at_ms: 12,
             worker_removed: false,
+            worker_readmitted: false,
         };
         assert_eq!(batch_from_proto(batch_to_proto(&batch)), batch);
     }

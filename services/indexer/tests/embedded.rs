@@ -72,6 +72,7 @@ async fn publish(events: &dyn EventPlane, worker_id: u64, batch_events: Vec<KvEv
         events: batch_events,
         published_at_ms: 0,
         worker_removed: false,
+        worker_readmitted: false,
     };
     let subject = names::kv_subject(NS, MODEL, kvmesh_kv::kv_partition(worker_id, PARTITIONS));
     events

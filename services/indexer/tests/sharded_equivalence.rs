@@ -115,6 +115,7 @@ fn batches(ops: &[Op]) -> Vec<KvEventBatch> {
             }],
             published_at_ms: 0,
             worker_removed: false,
+            worker_readmitted: false,
         });
         *id += 1;
     }

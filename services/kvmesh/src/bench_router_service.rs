@@ -101,6 +101,7 @@ pub async fn run(args: RouterServiceBench) -> anyhow::Result<()> {
                 }],
                 published_at_ms: 0,
                 worker_removed: false,
+                worker_readmitted: false,
             })?;
         }
     }

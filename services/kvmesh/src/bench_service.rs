@@ -53,6 +53,7 @@ pub async fn run(args: IndexerServiceBench) -> anyhow::Result<()> {
                 }],
                 published_at_ms: 0,
                 worker_removed: false,
+                worker_readmitted: false,
             })?;
         }
     }

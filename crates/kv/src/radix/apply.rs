@@ -12,6 +12,8 @@ impl RadixIndex {
     pub(super) fn apply_batch(&mut self, batch: &KvEventBatch) {
         if batch.worker_removed {
             self.remove_worker(batch.worker_id);
+        } else if batch.worker_readmitted {
+            self.readmit_worker(batch.worker_id);
         } else {
             self.apply_events(batch.worker(), &batch.events);
         }

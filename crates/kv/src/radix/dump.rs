@@ -81,6 +81,7 @@ impl RadixIndex {
                         .collect(),
                     published_at_ms: 0,
                     worker_removed: false,
+                    worker_readmitted: false,
                 });
             }
         }
@@ -102,6 +103,10 @@ impl RadixIndex {
     /// Applies one batch of a dump (a snapshot chunk): event ids are not checked and no counters
     /// move; a worker-removed marker removes and blocks the worker.
     pub fn load_batch(&mut self, batch: &KvEventBatch) {
+        if batch.worker_readmitted {
+            self.readmit_worker(batch.worker_id);
+            return;
+        }
         if batch.worker_removed {
             let counted = self.counters.workers_removed;
             self.remove_worker(batch.worker_id);

@@ -239,6 +239,7 @@ pub(super) fn simulate(requests: &[Vec<u64>], config: &ReplayConfig) -> (Vec<Ste
             events,
             published_at_ms: 0,
             worker_removed: false,
+            worker_readmitted: false,
         });
         steps.push(Step {
             query,

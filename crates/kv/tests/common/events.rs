@@ -69,5 +69,6 @@ pub fn batch(worker: WorkerKey, events: Vec<KvEvent>) -> KvEventBatch {
         events,
         published_at_ms: 0,
         worker_removed: false,
+        worker_readmitted: false,
     }
 }
