@@ -171,13 +171,15 @@ def removed_event(event_id, tier, hashes):
     return field(1, 0, event_id) + field(2, 0, tier) + field(4, 2, removed)
 
 
-def batch(worker, dp_rank, events, removed_worker=False):
+def batch(worker, dp_rank, events, removed_worker=False, readmitted_worker=False):
     body = field(1, 0, worker) + field(2, 0, dp_rank)
     for event in events:
         body += field(3, 2, event)
     body += field(4, 0, 1_700_000_000_000)
     if removed_worker:
         body += field(5, 0, 1)
+    if readmitted_worker:
+        body += field(6, 0, 1)
     return varint(len(body)) + body
 
 
@@ -192,7 +194,51 @@ def kv_events():
     write(t, "cleared-removed", batch(1, 0, [stored_event(0, 0, None, chain),
                                              field(1, 0, 1) + field(5, 2, b"")])
           + batch(1, 0, [], removed_worker=True))
+    write(t, "removed-readmitted", batch(4, 0, [stored_event(0, 0, None, chain)])
+          + batch(4, 0, [], removed_worker=True) + batch(4, 0, [stored_event(1, 0, None, chain[:1])])
+          + batch(4, 0, [], readmitted_worker=True) + batch(4, 0, [stored_event(9, 0, None, chain[:2])]))
     write(t, "out-of-order", batch(3, 0, [stored_event(5, 0, None, chain), stored_event(2, 0, 999, chain[:1])]))
+
+
+def delimited(body):
+    return varint(len(body)) + body
+
+
+def load(worker, rank, used, total, running, waiting, prefill):
+    return delimited(field(1, 0, worker) + field(2, 0, rank) + field(3, 0, used) + field(4, 0, total)
+                     + field(5, 0, running) + field(6, 0, waiting) + field(7, 0, prefill)
+                     + field(8, 0, 1_700_000_000_000))
+
+
+def worker_loads():
+    t = "worker_loads"
+    write(t, "idle", load(1, 0, 0, 64, 0, 0, 0) + load(2, 0, 0, 64, 0, 0, 0) + load(3, 0, 0, 64, 0, 0, 0))
+    write(t, "one-busy", load(1, 0, 63, 64, 8, 4, 5000) + load(2, 0, 10, 64, 1, 0, 0))
+    write(t, "all-busy", b"".join(load(w, 0, 64, 64, 30, 30, 1 << 40) for w in (1, 2, 3)))
+    write(t, "unknown-and-odd", load(9, 0, 5, 0, 1, 0, 0) + load(1, 7, 1, 1, 1, 1, 1)
+          + load(2, 0, 1 << 63, 0, 0xFFFFFFFF, 0xFFFFFFFF, 1 << 63))
+
+
+def sync_event(router, request, worker, rank, kind, body=b"", forwarded_by=None):
+    out = field(1, 2, router.encode()) + field(2, 2, request.encode()) + field(3, 0, worker) + field(4, 0, rank)
+    out += field(kind, 2, body)
+    if forwarded_by:
+        out += field(9, 2, forwarded_by.encode())
+    return delimited(out)
+
+
+def router_sync_events():
+    t = "router_sync_events"
+    add = b"".join(field(1, 0, h) for h in (11, 12, 13)) + field(2, 0, 1) + field(3, 0, 20) + field(4, 0, 48)
+    write(t, "add-prefill-free", sync_event("other", "a", 1, 0, 5, add) + sync_event("other", "a", 1, 0, 6)
+          + sync_event("other", "a", 1, 0, 7))
+    write(t, "add-never-freed", sync_event("other", "b", 2, 0, 5, add) + sync_event("third", "b", 3, 0, 5, add))
+    write(t, "session-bind", sync_event("other", "c", 1, 0, 8, field(1, 2, b"session-1"))
+          + sync_event("other", "c", 1, 0, 5, add + field(6, 2, b"lora-a")))
+    write(t, "forwarded-own", sync_event("fuzz-self", "r1", 1, 0, 7, forwarded_by="other")
+          + sync_event("fuzz-self", "r2", 2, 0, 6, forwarded_by="other"))
+    write(t, "unknown-worker-rank", sync_event("other", "d", 99, 0, 5, add) + sync_event("other", "e", 1, 5, 5, add)
+          + sync_event("other", "f", 1, 0, 9))
 
 
 def zmq_message(payload, topic=b"kv-events", seq=1):
@@ -241,6 +287,7 @@ def discovery():
 
 
 if __name__ == "__main__":
-    for make in (chat, completions, responses, messages, kserve_infer, kv_events, zmq, discovery):
+    for make in (chat, completions, responses, messages, kserve_infer, kv_events, zmq, discovery, worker_loads,
+                 router_sync_events):
         make()
     sys.exit(0)

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use kvmesh_routing::shared::SharedRouter;
 
 use crate::generation::WorkerRef;
-use kvmesh_routing::worker::{MAX_DATA_PARALLEL_RANKS, RuntimeConfig, WorkerInfo, WorkerLoad};
+use kvmesh_routing::worker::{MAX_DATA_PARALLEL_RANKS, RuntimeConfig, WorkerInfo};
 
 pub use kvmesh_runtime::discovery::registry::NamespaceFilter;
 pub use watch::{FleetTable, WatchError, watch_fleet};
@@ -140,14 +140,7 @@ pub fn spawn_load_feed(
         };
         while let Some(message) = subscription.next().await {
             match kvmesh_proto::v1::WorkerLoad::decode(message.payload) {
-                Ok(load) => router.update_load(WorkerLoad {
-                    worker: kvmesh_kv::WorkerKey::new(load.worker_id, load.dp_rank),
-                    kv_used_blocks: load.kv_used_blocks,
-                    kv_total_blocks: load.kv_total_blocks,
-                    num_running: load.num_running,
-                    num_waiting: load.num_waiting,
-                    waiting_prefill_tokens: load.waiting_prefill_tokens,
-                }),
+                Ok(load) => router.update_load(crate::wire::load_from_proto(&load)),
                 Err(error) => tracing::debug!(%subject, %error, "undecodable worker load"),
             }
         }

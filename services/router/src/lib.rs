@@ -14,6 +14,7 @@
 
 pub mod decider;
 pub mod fleet;
+pub mod fuzzing;
 pub mod generation;
 pub mod metrics;
 pub mod remote;

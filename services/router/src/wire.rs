@@ -11,7 +11,20 @@ use kvmesh_routing::RouteError;
 use kvmesh_routing::config::BusyThresholds;
 use kvmesh_routing::request::{Decision, RouterConfigOverride, RoutingHints, TerminalPath};
 use kvmesh_routing::sync::{SyncEvent, SyncKind};
+use kvmesh_routing::worker::WorkerLoad;
 use kvmesh_runtime::GrpcErrorCode as _;
+
+/// A worker's published load (`kvmesh.{ns}.load.{model}`) as the core reads it.
+pub fn load_from_proto(load: &pb::WorkerLoad) -> WorkerLoad {
+    WorkerLoad {
+        worker: WorkerKey::new(load.worker_id, load.dp_rank),
+        kv_used_blocks: load.kv_used_blocks,
+        kv_total_blocks: load.kv_total_blocks,
+        num_running: load.num_running,
+        num_waiting: load.num_waiting,
+        waiting_prefill_tokens: load.waiting_prefill_tokens,
+    }
+}
 
 /// The protobuf form of a tracker change.
 pub fn sync_to_proto(event: &SyncEvent) -> pb::RouterSyncEvent {

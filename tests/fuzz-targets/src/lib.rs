@@ -49,6 +49,14 @@ pub const TARGETS: &[FuzzTarget] = &[
         name: "discovery_records",
         run: kvmesh_runtime::fuzzing::discovery_record,
     },
+    FuzzTarget {
+        name: "worker_loads",
+        run: kvmesh_router::fuzzing::worker_loads,
+    },
+    FuzzTarget {
+        name: "router_sync_events",
+        run: kvmesh_router::fuzzing::router_sync_events,
+    },
 ];
 
 /// Feeds `input` to the target called `name`; the fuzz target files are this one call.

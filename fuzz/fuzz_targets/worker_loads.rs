@@ -1,0 +1,4 @@
+//! Fuzz target `worker_loads`: see kvmesh_fuzz_targets::TARGETS and docs/security.md, "Fuzzing".
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|input: &[u8]| kvmesh_fuzz_targets::run("worker_loads", input));
