@@ -212,7 +212,7 @@ async fn publish_until_received(
             publisher
                 .publish("outage.load", Bytes::from_static(payload))
                 .await
-                .unwrap();
+                .expect("publish");
             if let Ok(Some(message)) =
                 tokio::time::timeout(Duration::from_millis(200), subscription.next()).await
             {
