@@ -61,6 +61,38 @@ def test_bodies_at_the_size_limit_leave_the_frontend_small():
         mesh.stop()
 
 
+def test_bodies_past_the_body_budget_wait_then_get_the_overload_status():
+    """A 1 MiB budget with a 100 ms wait: of six 600 KiB bodies sent at once (each fits alone),
+    those that find no room within the wait get 529 with an OpenAI error body; the budget comes
+    back, so a body sent afterwards is read and parsed."""
+    mesh = start_distributed("etcd", num_workers=1, frontend_args=[
+        "--http-body-budget-mb", "1", "--http-body-budget-wait-ms", "100"])
+    try:
+        body = token_body(600 * 1024)
+        url = f"{mesh.base_url}/v1/completions"
+
+        def send(_):
+            return requests.post(url, data=body, headers={"content-type": "application/json"}, timeout=120)
+
+        statuses = []
+        for _ in range(5):  # until one round overlaps enough to find the budget full
+            with ThreadPoolExecutor(max_workers=6) as pool:
+                responses = list(pool.map(send, range(6)))
+            statuses = [r.status_code for r in responses]
+            if 529 in statuses:
+                break
+        assert 529 in statuses, statuses
+        assert set(statuses) <= {400, 529}, statuses  # 400: parsed, then too long for the model
+        refused = next(r for r in responses if r.status_code == 529)
+        assert refused.json()["error"]["message"], refused.text
+        assert requests.post(url, data=body, headers={"content-type": "application/json"},
+                             timeout=60).status_code == 400
+        ok = requests.post(url, json={"model": "tiny", "prompt": "hello", "max_tokens": 2}, timeout=60)
+        assert ok.status_code == 200, ok.text
+    finally:
+        mesh.stop()
+
+
 def start_edge(*args):
     mesh = start_distributed("etcd", num_workers=1, frontend_args=list(args))
     mesh.port = int(mesh.base_url.rsplit(":", 1)[1])

@@ -2,12 +2,15 @@
 
 mod admin;
 mod anthropic;
+mod body;
 pub(crate) mod chat;
 mod completions;
 mod embeddings;
 pub(crate) mod endpoint;
 mod extensions;
 pub mod fuzzing;
+pub use body::BodyBudget;
+pub(crate) use body::read_body;
 pub(crate) use endpoint::ResponseHeaders;
 mod infra;
 pub(crate) mod openai_shared;
@@ -80,6 +83,8 @@ pub struct AppState {
     pub draining: AtomicBool,
     /// Slots for inference requests in flight (`--rejection-frontend-*`; `None`: no limit).
     pub admission: Option<Arc<tokio::sync::Semaphore>>,
+    /// Bytes of request bodies held at once (`--http-body-budget-mb`).
+    pub body_budget: BodyBudget,
     /// The hosts of the custom chat processor (`--dyn-chat-processor`), when one is configured.
     pub processor: Option<crate::processor::ProcessorHosts>,
     /// The route extensions (`--frontend-route-extension`), when some are configured.
@@ -314,42 +319,6 @@ pub(crate) fn body_bytes(
             FrontendError::invalid(format!("cannot read request body: {rejection}"), None)
         }
     })
-}
-
-/// Reads a request body whole into one buffer sized from `content-length`, refusing (413) a body
-/// over the limit before reading it when its length is declared, and as soon as it passes the
-/// limit otherwise. Unlike collecting the frames and joining them, the body is in memory once.
-pub(crate) async fn read_body(
-    state: &AppState,
-    headers: &HeaderMap,
-    body: axum::body::Body,
-) -> Result<Bytes, FrontendError> {
-    use futures::StreamExt as _;
-
-    let limit = usize::try_from(state.settings.body_limit_mb.saturating_mul(1024 * 1024))
-        .unwrap_or(usize::MAX);
-    let too_large = || FrontendError::PayloadTooLarge {
-        limit_mb: state.settings.body_limit_mb,
-    };
-    let declared = headers
-        .get(axum::http::header::CONTENT_LENGTH)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.parse::<usize>().ok());
-    if declared.is_some_and(|len| len > limit) {
-        return Err(too_large());
-    }
-    let mut buffer = bytes::BytesMut::with_capacity(declared.unwrap_or(0));
-    let mut frames = body.into_data_stream();
-    while let Some(frame) = frames.next().await {
-        let frame = frame.map_err(|error| {
-            FrontendError::invalid(format!("cannot read request body: {error}"), None)
-        })?;
-        if buffer.len() + frame.len() > limit {
-            return Err(too_large());
-        }
-        buffer.extend_from_slice(&frame);
-    }
-    Ok(buffer.freeze())
 }
 
 /// Parses a JSON body into `T`, with a 400 that says what is wrong.

@@ -165,6 +165,7 @@ pub async fn run(
         admin_keys: security.admin_keys.clone(),
         dependencies,
         dependency_metrics,
+        body_budget: http.body_budget(),
         admission: http.inflight_limit().map(|limit| {
             Arc::new(tokio::sync::Semaphore::new(
                 usize::try_from(limit)

@@ -146,6 +146,16 @@ pub struct HttpOpts {
     #[arg(long, env = "DYN_HTTP_BODY_LIMIT_MB", default_value_t = 45, value_parser = clap::value_parser!(u64).range(1..))]
     pub http_body_limit_mb: u64,
 
+    /// MiB of request bodies held at once, being read or parsed; a body that does not fit
+    /// waits, then gets the overload status (kvmesh addition).
+    #[arg(long, env = "KVMESH_HTTP_BODY_BUDGET_MB", default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_body_budget_mb: u64,
+
+    /// Milliseconds a body waits for room in the body budget before it is refused (kvmesh
+    /// addition).
+    #[arg(long, env = "KVMESH_HTTP_BODY_BUDGET_WAIT_MS", default_value_t = 2000)]
+    pub http_body_budget_wait_ms: u64,
+
     /// Seconds a client has to send a complete request head (HTTP/1.1 headers, or the first
     /// request of any connection); a slower client is disconnected (kvmesh addition).
     #[arg(long, env = "KVMESH_HTTP_HEADER_READ_TIMEOUT_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
@@ -221,6 +231,14 @@ impl HttpOpts {
             idle_timeout: Duration::from_secs(self.http_idle_timeout_secs),
             max_connections: usize::try_from(self.http_max_connections).unwrap_or(usize::MAX),
         }
+    }
+
+    /// The budget of request body bytes held at once.
+    pub(crate) fn body_budget(&self) -> crate::http::BodyBudget {
+        crate::http::BodyBudget::new(
+            self.http_body_budget_mb,
+            Duration::from_millis(self.http_body_budget_wait_ms),
+        )
     }
 
     /// The most inference requests in flight: the smallest of the three rejection limits.
