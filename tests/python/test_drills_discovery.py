@@ -7,6 +7,9 @@ each test starts, kills and restarts (docs/security.md, "Faults survived").
 - NATS down when the mesh starts: the frontend serves, /health says kv routing is degraded, and
   once NATS is up the event plane connects and /health is healthy again; NATS killed and
   restarted under load loses no request.
+- One worker cut off from a live etcd (a proxy the test cuts) past its lease TTL, under load: it
+  leaves routing and the index, comes back under the same id once reachable, and KV routing
+  follows its new blocks again; no request fails.
 """
 import base64
 import shutil
@@ -69,7 +72,9 @@ class Server:
         shutil.rmtree(self.data, ignore_errors=True)
 
 
-def start_mesh(etcd, nats, num_workers=2, wait=True):
+def start_mesh(etcd, nats, num_workers=2, wait=True, worker_etcd=None):
+    """A kv-mode frontend and `num_workers` mockers; mocker i reaches etcd at `worker_etcd(i)`
+    when given (a proxy the test cuts), else at `etcd`."""
     namespace = f"d{uuid.uuid4().hex[:10]}"
     env = {"DYN_DISCOVERY_BACKEND": "etcd", "ETCD_ENDPOINTS": etcd.url, "NATS_SERVER": nats.url}
     port = free_port()
@@ -77,7 +82,8 @@ def start_mesh(etcd, nats, num_workers=2, wait=True):
                                  "--namespace", namespace, "--router-mode", "kv"], env)
     mockers = [Proc(f"mocker{i}", ["kvmesh-mocker", "--model-path", str(TINY_MODEL), "--model-name", "tiny",
                                    "--endpoint", f"dyn://{namespace}.backend.generate", "--speedup-ratio", "100",
-                                   "--block-size", "16", "--tcp-rpc-port", str(free_port())], env)
+                                   "--block-size", "16", "--tcp-rpc-port", str(free_port())],
+                    {**env, "ETCD_ENDPOINTS": worker_etcd(i) if worker_etcd else etcd.url})
                for i in range(num_workers)]
     mesh = Mesh(f"http://127.0.0.1:{port}", [frontend, *mockers], namespace)
     if wait:
@@ -219,5 +225,143 @@ def test_nats_down_at_start_then_up_and_restarted_under_load():
     finally:
         if mesh:
             mesh.stop()
+        etcd.close()
+        nats.close()
+
+
+class Proxy:
+    """A TCP proxy from a free port to `target_port` that the test can cut (every connection
+    closed, new ones refused) and restore: one process's own network partition from etcd."""
+
+    def __init__(self, target_port):
+        self.target_port = target_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.is_cut = threading.Event()
+        self.lock = threading.Lock()
+        self.conns = []
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def accept(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if self.is_cut.is_set():
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
+            except OSError:
+                client.close()
+                continue
+            with self.lock:
+                self.conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self.pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def pump(src, dst):
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cut(self):
+        self.is_cut.set()
+        with self.lock:
+            conns, self.conns = self.conns, []
+        for s in conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def restore(self):
+        self.is_cut.clear()
+
+    def close(self):
+        self.cut()
+        self.listener.close()
+
+
+def test_a_worker_cut_off_from_etcd_past_its_lease_comes_back_and_its_kv_events_count_again():
+    """Mocker 0 reaches etcd through a proxy the test cuts for longer than the lease TTL (10 s)
+    but shorter than the registration grace (30 s), under load. Its records expire, so the
+    frontend stops routing to it and its in-process index publishes a worker-removed marker; once
+    the proxy is restored the worker's lease is granted again under the same id, the index
+    publishes a readmission, and KV routing follows the worker's new blocks again. No request
+    fails."""
+    etcd, nats = Server("etcd"), Server("nats")
+    etcd.start()
+    nats.start()
+    proxy = Proxy(etcd.port)
+    mesh = None
+    try:
+        mesh = start_mesh(etcd, nats, worker_etcd=lambda i: proxy.url if i == 0 else etcd.url)
+        mockers, namespace = mesh.procs[1:], mesh.namespace
+        backends = f"/kvmesh/{namespace}/instances/backend/"
+        before = set(etcd_keys(etcd, backends))
+        assert len(before) == 2, before
+        with Load(mesh) as load:
+            time.sleep(1)
+            proxy.cut()
+            wait_until(lambda: len(etcd_keys(etcd, backends)) == 1, timeout=25, what="mocker 0's lease expired")
+            cut_off = (before - set(etcd_keys(etcd, backends))).pop()
+            time.sleep(2)  # the frontend saw the removal and its index the marker
+            proxy.restore()
+            wait_until(lambda: set(etcd_keys(etcd, backends)) == before, timeout=30,
+                       what="mocker 0 registered again under the same id")
+            wait_until(lambda: health(mesh)[1].get("num_instances") == 2, timeout=15, what="routing to both")
+            time.sleep(2)
+        assert load.ok > 50, load.ok
+        assert not load.failed, load.failed[:5]
+        assert "etcd lease granted again" in mockers[0].output()
+        readmitted = int(cut_off.rsplit("/", 1)[1], 16)
+        other = int((before - {cut_off}).pop().rsplit("/", 1)[1], 16)
+
+        def complete(prompt, **nvext):
+            r = requests.post(f"{mesh.base_url}/v1/completions", timeout=30, json={
+                "model": "tiny", "prompt": prompt, "max_tokens": 2,
+                "nvext": {"extra_fields": ["worker_id"], **nvext}})
+            assert r.status_code == 200, r.text
+            return r.json()["nvext"]["worker_id"]["decode_worker_id"]
+
+        # Blocks each worker stores now reach the index, the readmitted one's included: a prefix
+        # first served (pinned) on each worker draws the requests that share it, whichever way
+        # the router breaks ties.
+        prefixes = {worker: [10 + (i * 7 + n * 101) % 200 for i in range(64)]
+                    for n, worker in enumerate((readmitted, other))}
+        for worker, prefix in prefixes.items():
+            assert complete(prefix + [11, 12], backend_instance_id=worker) == worker
+
+        def follows():
+            return all(complete(prefix + [uuid.uuid4().int % 200 + 10]) == worker
+                       for worker, prefix in prefixes.items())
+
+        wait_until(follows, timeout=10, what="each prefix routed to the worker holding it")
+        assert all(follows() for _ in range(3))
+        for proc in mesh.procs:
+            assert proc.alive(), f"{proc.name} exited:\n{proc.output()[-3000:]}"
+    except BaseException:
+        if mesh:
+            mesh.print_logs()
+        raise
+    finally:
+        if mesh:
+            mesh.stop()
+        proxy.close()
         etcd.close()
         nats.close()

@@ -370,17 +370,7 @@ mod tests {
             )
             .await
             .unwrap();
-        let events = MemEventPlane::new();
-        let stream = names::kv_stream_name(NS);
-        events
-            .ensure_stream(&StreamConfig {
-                name: stream.clone(),
-                subjects: names::kv_stream_subjects(NS),
-                max_age: Duration::from_secs(60),
-                duplicate_window: Duration::from_secs(60),
-            })
-            .await
-            .unwrap();
+        let (events, stream) = marker_stream().await;
         let mut suspects = HashSet::new();
         sweep_once(&state, &discovery, &events, NS, &mut suspects)
             .await
