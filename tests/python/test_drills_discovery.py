@@ -20,9 +20,10 @@ import threading
 import time
 import uuid
 
+import pytest
 import requests
 
-from conftest import TINY_MODEL, Mesh, Proc, free_port, wait_ready, wait_until
+from conftest import TINY_MODEL, Mesh, Proc, assert_prefix_follows_the_cache, free_port, wait_ready, wait_until
 
 
 class Server:
@@ -155,6 +156,20 @@ def metric(mesh, name):
     return None
 
 
+def assert_recovered(mesh, known_kv_gap=None):
+    """After a drill: nothing is left in flight, and KV routing works (requests sharing a prefix
+    land on the worker holding it, unrelated ones use both workers). `known_kv_gap` names a
+    known failure of the KV check, reported as an expected failure until it is fixed."""
+    wait_until(lambda: metric(mesh, "dynamo_frontend_inflight_requests") == 0, timeout=15,
+               what="no request left in flight")
+    try:
+        assert_prefix_follows_the_cache(mesh, 16, settle=3.0, seed=11)
+    except AssertionError:
+        if known_kv_gap:
+            pytest.xfail(known_kv_gap)
+        raise
+
+
 def test_etcd_restored_empty_under_load_degrades_then_recovers_without_a_failed_request():
     etcd, nats = Server("etcd"), Server("nats")
     etcd.start()
@@ -186,6 +201,7 @@ def test_etcd_restored_empty_under_load_degrades_then_recovers_without_a_failed_
         listed = etcd_keys(etcd, f"/kvmesh/{mesh.namespace}/")
         assert len([k for k in listed if "/instances/backend/" in k]) == 2, listed
         assert len([k for k in listed if "/models/" in k]) == 2, listed
+        assert_recovered(mesh)
     finally:
         if mesh:
             mesh.stop()
@@ -222,6 +238,8 @@ def test_nats_down_at_start_then_up_and_restarted_under_load():
         assert not load.failed, load.failed[:5]
         for proc in mesh.procs:
             assert proc.alive(), f"{proc.name} exited:\n{proc.output()[-3000:]}"
+        assert_recovered(mesh, known_kv_gap="KV routing does not follow the cache after NATS was down at "
+                                            "start, then up, then restarted (found by this drill; open)")
     finally:
         if mesh:
             mesh.stop()
