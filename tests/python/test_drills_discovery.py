@@ -238,8 +238,8 @@ def test_nats_down_at_start_then_up_and_restarted_under_load():
         assert not load.failed, load.failed[:5]
         for proc in mesh.procs:
             assert proc.alive(), f"{proc.name} exited:\n{proc.output()[-3000:]}"
-        assert_recovered(mesh, known_kv_gap="KV routing does not follow the cache after NATS was down at "
-                                            "start, then up, then restarted (found by this drill; open)")
+        assert_recovered(mesh, known_kv_gap="KV routing does not follow the cache after NATS is killed and "
+                                            "restarted (found by this drill; open)")
     finally:
         if mesh:
             mesh.stop()
