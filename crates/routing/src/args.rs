@@ -12,11 +12,13 @@ use std::time::Duration;
 use clap::Args;
 use kvmesh_core::flags::{negatable, parse_bool};
 
+mod adaptive;
 mod deprecated;
 mod ejection;
 mod later;
 mod values;
 
+pub use self::adaptive::AdaptiveArgs;
 pub use self::deprecated::{DEPRECATED_ALIASES, LEGACY_OVERLAP_WEIGHT_ENV};
 pub use self::ejection::EjectionArgs;
 pub use self::later::{AisArgs, LaterRouterArgs};
@@ -304,6 +306,10 @@ pub struct RouterArgs {
     #[command(flatten)]
     pub ejection: EjectionArgs,
 
+    /// Fixed or learned KV cost weights.
+    #[command(flatten)]
+    pub adaptive: AdaptiveArgs,
+
     /// Dynamo's router flags that kvmesh accepts but does not act on yet.
     #[command(flatten)]
     pub later: LaterRouterArgs,
@@ -359,6 +365,8 @@ impl RouterArgs {
                 self.router_block_hash_cache_mb.saturating_mul(1 << 20),
             )
             .unwrap_or(usize::MAX),
+            weights: self.adaptive.router_kv_weights,
+            cost_policy: crate::cost::CostPolicy::Default,
         };
         self.check_unsupported()?;
         self.later_notices(&env)?;

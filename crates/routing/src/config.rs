@@ -173,6 +173,10 @@ pub struct KvRouterConfig {
     /// Bytes of block hashes kept for prompt prefixes, so a later turn hashes only its new
     /// blocks (0 = hash every prompt whole).
     pub block_hash_cache_bytes: usize,
+    /// Fixed credit and scale, or learned online from them (`--router-kv-weights`).
+    pub weights: crate::adaptive::KvWeightsMode,
+    /// The formula that scores a candidate (only the benchmark sets anything but the default).
+    pub cost_policy: crate::cost::CostPolicy,
 }
 
 impl Default for KvRouterConfig {
@@ -202,6 +206,8 @@ impl Default for KvRouterConfig {
             use_remote_indexer: false,
             serve_indexer: false,
             block_hash_cache_bytes: 32 << 20,
+            weights: crate::adaptive::KvWeightsMode::Fixed,
+            cost_policy: crate::cost::CostPolicy::Default,
         }
     }
 }

@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use kvmesh_kv::{ApproxConfig, ApproxIndex, ApproxPolicy, BlockHasher, WorkerKey};
 
+use crate::adaptive::{Adaptive, KvWeightsMode, LearnedWeights};
 use crate::busy::{self, BusyInputs};
 use crate::config::{ApproxCachePolicy, BusyThresholds, ConfigError, RouterConfig, RouterMode};
 use crate::hash_cache::BlockHashCache;
@@ -122,6 +123,8 @@ pub struct RouterCore {
     next_ticket: u64,
     dispatched: Vec<Dispatched>,
     sync_out: Vec<SyncEvent>,
+    /// The weight learner (`kv` mode with `--router-kv-weights auto`).
+    adaptive: Option<Adaptive>,
 }
 
 impl std::fmt::Debug for RouterCore {
@@ -163,6 +166,8 @@ impl RouterCore {
             .filter(|_| config.mode == RouterMode::Kv && kv.use_kv_events)
             .map(|ttl| ApproxIndex::new(ApproxConfig::predicted(ttl)));
         let ejection = config.ejection;
+        let adaptive = (config.mode == RouterMode::Kv && kv.weights == KvWeightsMode::Auto)
+            .then(|| Adaptive::new(kv.overlap_score_credit, kv.prefill_load_scale));
         Ok(Self {
             busy: config.busy,
             is_ready: config.min_initial_workers == 0,
@@ -187,6 +192,7 @@ impl RouterCore {
             next_ticket: 0,
             dispatched: Vec::new(),
             sync_out: Vec::new(),
+            adaptive,
         })
     }
 
@@ -393,6 +399,11 @@ impl RouterCore {
     /// Session bindings held.
     pub fn num_sessions(&self) -> usize {
         self.sessions.len()
+    }
+
+    /// The learned cost weights (`--router-kv-weights auto` in `kv` mode; `None` otherwise).
+    pub fn learned_weights(&self) -> Option<LearnedWeights> {
+        self.adaptive.as_ref().map(Adaptive::weights)
     }
 
     /// Blocks in the approximate index (approximate mode) — for metrics and tests.

@@ -8,6 +8,18 @@
 use crate::config::{KvRouterConfig, apply_legacy_overlap_weight};
 use crate::request::RouterConfigOverride;
 
+/// The formula a candidate is scored with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CostPolicy {
+    /// docs/routing.md, "Cost function".
+    #[default]
+    Default,
+    /// `adjusted_prefill · (decode_blocks + 1)`: new prefill times batch size, no weights to
+    /// tune (a `later` policy of the spec; the routing benchmark compares against it).
+    Lmetric,
+}
+
 /// The cost model's weights for one decision: the router's config with the request's override.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CostWeights {
@@ -42,6 +54,16 @@ impl EffectiveKv {
     /// Merges `config` with a request's `override` (unset fields keep the config's values; the
     /// legacy `overlap_score_weight` is mapped last and wins).
     pub fn new(config: &KvRouterConfig, over: Option<&RouterConfigOverride>) -> Self {
+        Self::with_learned(config, None, over)
+    }
+
+    /// [`Self::new`] with the adaptive mode's learned credit and scale in place of the
+    /// config's (a request's override still wins).
+    pub fn with_learned(
+        config: &KvRouterConfig,
+        learned: Option<&crate::adaptive::LearnedWeights>,
+        over: Option<&RouterConfigOverride>,
+    ) -> Self {
         let mut weights = CostWeights {
             overlap_score_credit: config.overlap_score_credit,
             overlap_score_credit_decay: config.overlap_score_credit_decay,
@@ -51,6 +73,10 @@ impl EffectiveKv {
             decode_active_request_weight: config.decode_active_request_weight,
             track_prefill_tokens: config.track_prefill_tokens,
         };
+        if let Some(learned) = learned {
+            weights.overlap_score_credit = learned.overlap_score_credit;
+            weights.prefill_load_scale = learned.prefill_load_scale;
+        }
         let mut temperature = config.temperature;
         let mut assume_kv_reuse = config.assume_kv_reuse;
         if let Some(over) = over {
@@ -147,6 +173,12 @@ pub struct CostBreakdown {
 /// The cost of sending `request` to `candidate` (docs/routing.md, "Cost function").
 pub fn kv_cost(weights: &CostWeights, request: &RequestShape, candidate: &CandidateLoad) -> f64 {
     kv_cost_breakdown(weights, request, candidate).cost
+}
+
+/// The lmetric score of sending `request` to `candidate` ([`CostPolicy::Lmetric`]).
+pub fn lmetric_cost(weights: &CostWeights, request: &RequestShape, candidate: &CandidateLoad) -> f64 {
+    let terms = kv_cost_breakdown(weights, request, candidate);
+    terms.adjusted_prefill * (candidate.decode_blocks as f64 + 1.0)
 }
 
 /// [`kv_cost`] with its terms.

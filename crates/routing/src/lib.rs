@@ -17,8 +17,10 @@
 //!   docs/flags.md.
 //! * [`SyncEvent`] — tracker changes as events, for replica sync (the `kvmesh-router` crate
 //!   publishes and applies them over the event plane).
+//! * [`KvWeightsMode`] — fixed cost weights, or weights learned online (`auto`).
 //! * [`RouteError`] — why a request could not be routed, with its [`kvmesh_core::ErrorCode`].
 
+pub mod adaptive;
 pub mod args;
 mod busy;
 pub mod clock;
@@ -40,6 +42,7 @@ pub mod sync;
 mod tracker;
 pub mod worker;
 
+pub use adaptive::{KvWeightsMode, LearnedWeights};
 pub use args::RouterArgs;
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use config::{
@@ -47,7 +50,9 @@ pub use config::{
     RouterMode, SessionAffinityMode,
 };
 pub use core::{PreparedRequest, RouterCore};
-pub use cost::{CandidateLoad, CostBreakdown, CostWeights, EffectiveKv, RequestShape, kv_cost};
+pub use cost::{
+    CandidateLoad, CostBreakdown, CostPolicy, CostWeights, EffectiveKv, RequestShape, kv_cost,
+};
 pub use error::{DEFAULT_OVERLOAD_STATUS, OVERLOADED_MESSAGE, RouteError};
 pub use hash_cache::BlockHashCache;
 pub use health::{EjectionConfig, HealthChange};

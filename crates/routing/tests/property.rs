@@ -2,14 +2,14 @@
 //! random terminal paths (done, error, cancel, disconnect, migration). Afterwards every worker's
 //! tracked blocks, prefill tokens and in-flight counts are zero — on the router and on a replica
 //! fed its sync events — and with identical idle workers no worker receives more than 1.25× its
-//! share of requests.
+//! share of requests. Each holds with the adaptive weights (`--router-kv-weights auto`) too.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use clap::ValueEnum;
 use kvmesh_routing::{
-    BusyThresholds, Decision, RankLoadSnapshot, Rng, RouteOutcome, RouteRequest, RouterConfig,
+    BusyThresholds, Decision, KvWeightsMode, RankLoadSnapshot, Rng, RouteOutcome, RouteRequest, RouterConfig,
     RouterCore, RouterMode, RoutingHints, RuntimeConfig, SessionAffinityMode, TerminalPath, Ticket,
     WorkerInfo, WorkerLoad,
 };
@@ -37,6 +37,8 @@ struct Knobs {
     pins: bool,
     /// Failing workers ejected (the default); requests end by random paths, failures included.
     ejection: bool,
+    /// `--router-kv-weights auto`: the weights are learned while requests run.
+    adaptive: bool,
 }
 
 impl Knobs {
@@ -60,16 +62,18 @@ impl Knobs {
             shared_prefixes: bits[10],
             pins: bits[11],
             ejection: true,
+            adaptive: bits[12],
         }
     }
 
     /// Identical idle workers and independent requests: the balance scenario. Requests end by
     /// random paths, worker failures among them, which would eject healthy workers at random:
     /// ejection is off here (its own tests are in `faults.rs`).
-    fn balanced(mode: usize, workers: u64) -> Self {
+    fn balanced(mode: usize, workers: u64, adaptive: bool) -> Self {
         Self {
             ejection: false,
-            ..Self::from_bits(mode, workers, &[false; 12])
+            adaptive,
+            ..Self::from_bits(mode, workers, &[false; 13])
         }
     }
 
@@ -84,6 +88,9 @@ impl Knobs {
         config.queue_threshold = self.queue.then_some(1.0);
         config.session_affinity_ttl = self.sessions.map(|_| Duration::from_secs(10));
         config.session_affinity_mode = self.sessions.unwrap_or_default();
+        if self.adaptive {
+            config.kv.weights = KvWeightsMode::Auto;
+        }
         if !self.ejection {
             config.ejection.consecutive_failures = 0;
         }
@@ -332,7 +339,7 @@ proptest! {
     fn every_terminal_path_releases_all_load(
         mode in 0..modes().len(),
         workers in 1u64..=5,
-        bits in proptest::collection::vec(any::<bool>(), 12),
+        bits in proptest::collection::vec(any::<bool>(), 13),
         seed in any::<u64>(),
         steps in 200usize..1500,
     ) {
@@ -350,8 +357,8 @@ proptest! {
 
     #[test]
     fn identical_idle_workers_share_requests_evenly(workers in 2u64..=6, seed in any::<u64>()) {
-        for mode in 0..modes().len() {
-            let mut sim = Sim::new(Knobs::balanced(mode, workers), seed);
+        for (mode, adaptive) in (0..modes().len()).flat_map(|m| [(m, false), (m, true)]) {
+            let mut sim = Sim::new(Knobs::balanced(mode, workers, adaptive), seed);
             while sim.next_id < 400 * workers {
                 sim.step();
             }
@@ -365,7 +372,7 @@ proptest! {
 #[test]
 fn equal_seeds_give_equal_decisions() {
     for mode in 0..modes().len() {
-        let knobs = Knobs::from_bits(mode, 4, &[true; 12]);
+        let knobs = Knobs::from_bits(mode, 4, &[true; 13]);
         let run = |seed| {
             let mut sim = Sim::new(knobs.clone(), seed);
             for _ in 0..1500 {

@@ -52,6 +52,8 @@ pub struct FrontendMetrics {
     router: RouterComponentSeries,
     /// Ejection of failing workers, per model.
     pub ejection: kvmesh_router::metrics::EjectionSeries,
+    /// The KV cost weights each model routes with (learned with `--router-kv-weights auto`).
+    pub kv_weights: kvmesh_router::metrics::KvWeightSeries,
 }
 
 pub(crate) fn ratio_buckets() -> Vec<f64> {
@@ -266,6 +268,7 @@ impl FrontendMetrics {
             model_config.push(gauge);
         }
         let ejection = kvmesh_router::metrics::EjectionSeries::new(&registry)?;
+        let kv_weights = kvmesh_router::metrics::KvWeightSeries::new(&registry)?;
         Ok(Self {
             registry,
             requests_total,
@@ -293,6 +296,7 @@ impl FrontendMetrics {
             worker_last_isl,
             router,
             ejection,
+            kv_weights,
         })
     }
 

@@ -16,8 +16,11 @@
 //! random choice comes from a seeded generator, so the same inputs print bit-identical figures on
 //! any machine.
 
+mod goodput;
 mod handler;
 mod metrics;
+mod modes;
+mod sweep;
 mod synthetic;
 #[cfg(test)]
 mod tests;
@@ -27,14 +30,17 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, ValueEnum};
+use clap::Args;
 use kvmesh_mocker::engine::EngineConfig;
-use kvmesh_mocker::engine::sim::{SimConfig, Simulation};
-use kvmesh_routing::{KvRouterConfig, RouterConfig, RouterMode};
+use kvmesh_mocker::engine::sim::{RequestRecord, SimConfig, Simulation};
+use kvmesh_routing::KvRouterConfig;
+use kvmesh_routing::args::AdaptiveArgs;
 use serde::Serialize;
 
-use self::handler::{BenchHandler, Fleet, Policy};
+pub use self::goodput::Slo;
+use self::handler::{BenchHandler, Fleet};
 pub use self::metrics::ModeReport;
+pub use self::modes::ModeArg;
 use self::synthetic::{SyntheticArgs, positive_f64};
 use self::workload::{WorkItem, scaled_arrival};
 
@@ -46,13 +52,18 @@ pub struct RoutingBench {
     /// ../shared/traces/mooncake_fast25_conversation_trace.jsonl.
     #[arg(
         long,
-        required_unless_present = "synthetic",
-        conflicts_with = "synthetic"
+        required_unless_present_any = ["synthetic", "tool_agent"],
+        conflicts_with_all = ["synthetic", "tool_agent"]
     )]
     pub trace: Option<PathBuf>,
     /// Replay the seeded synthetic workload (shared system prompts, multi-turn sessions).
     #[arg(long)]
     pub synthetic: bool,
+    /// Replay the seeded tool-agent workload: the synthetic generator with long shared tool
+    /// prefixes and many short turns (its shape replaces the synthetic workload options; only
+    /// `--seed`, `--speed` and `--max-requests` apply).
+    #[arg(long, conflicts_with = "synthetic")]
+    pub tool_agent: bool,
     /// Synthetic workload shape.
     #[command(flatten)]
     pub synthetic_args: SyntheticArgs,
@@ -86,6 +97,17 @@ pub struct RoutingBench {
     /// Print the report as one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Sweep the fixed weights (overlap credit × prefill load scale) and compare the best grid
+    /// point with `kv-auto`, Dynamo's defaults, `lmetric` and round-robin (`--mode` is ignored).
+    #[arg(long)]
+    pub sweep: bool,
+    /// Goodput's TTFT objective in ms, with `--slo-itl-ms` (default: calibrated per workload,
+    /// see the report).
+    #[arg(long, value_parser = positive_f64, requires = "slo_itl_ms")]
+    pub slo_ttft_ms: Option<f64>,
+    /// Goodput's inter-token-latency objective in ms, with `--slo-ttft-ms`.
+    #[arg(long, value_parser = positive_f64, requires = "slo_ttft_ms")]
+    pub slo_itl_ms: Option<f64>,
     /// Cost-model options of the `kv` modes.
     #[command(flatten)]
     pub router: RouterKnobs,
@@ -122,6 +144,9 @@ pub struct RouterKnobs {
     /// Grow tracked blocks as output is generated.
     #[arg(long)]
     pub router_track_output_blocks: bool,
+    /// Fixed or learned credit and scale (the router's own flag).
+    #[command(flatten)]
+    pub adaptive: AdaptiveArgs,
 }
 
 impl RouterKnobs {
@@ -144,115 +169,10 @@ impl RouterKnobs {
             ttl: secs("--router-ttl-secs", self.router_ttl_secs)?,
             predicted_ttl,
             track_output_blocks: self.router_track_output_blocks,
+            weights: self.adaptive.router_kv_weights,
             event_threads: 1,
             ..KvRouterConfig::default()
         })
-    }
-}
-
-/// A routing policy to simulate (`--mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ModeArg {
-    /// Every mode below, in this order.
-    All,
-    /// Product mode `round-robin`.
-    RoundRobin,
-    /// Product mode `random`.
-    Random,
-    /// Product mode `power-of-two`.
-    PowerOfTwo,
-    /// Product mode `least-loaded`.
-    LeastLoaded,
-    /// Product mode `device-aware-weighted` (identical devices: least-loaded in one group).
-    DeviceAwareWeighted,
-    /// Product mode `kv` with the event-fed index.
-    Kv,
-    /// Product mode `kv` without KV events (`--no-router-kv-events`, approximate index).
-    KvApprox,
-    /// Reference policy, not a product mode: longest cached prefix (exact, from the engines' KV
-    /// events) among workers whose assigned work is at most `--greedy-cap` × the mean.
-    LoadCappedGreedy,
-}
-
-impl ModeArg {
-    /// Every concrete mode, in report order.
-    pub const CONCRETE: [ModeArg; 8] = [
-        ModeArg::RoundRobin,
-        ModeArg::Random,
-        ModeArg::PowerOfTwo,
-        ModeArg::LeastLoaded,
-        ModeArg::DeviceAwareWeighted,
-        ModeArg::Kv,
-        ModeArg::KvApprox,
-        ModeArg::LoadCappedGreedy,
-    ];
-
-    /// The mode's name, as on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            ModeArg::All => "all",
-            ModeArg::RoundRobin => "round-robin",
-            ModeArg::Random => "random",
-            ModeArg::PowerOfTwo => "power-of-two",
-            ModeArg::LeastLoaded => "least-loaded",
-            ModeArg::DeviceAwareWeighted => "device-aware-weighted",
-            ModeArg::Kv => "kv",
-            ModeArg::KvApprox => "kv-approx",
-            ModeArg::LoadCappedGreedy => "load-capped-greedy",
-        }
-    }
-
-    /// `all` expanded, duplicates dropped, order kept.
-    pub fn expand(modes: &[ModeArg]) -> Vec<ModeArg> {
-        let mut out = Vec::new();
-        for &mode in modes {
-            let group: &[ModeArg] = if mode == ModeArg::All {
-                &ModeArg::CONCRETE
-            } else {
-                std::slice::from_ref(&mode)
-            };
-            for &m in group {
-                if !out.contains(&m) {
-                    out.push(m);
-                }
-            }
-        }
-        out
-    }
-
-    fn policy(self, settings: &Settings) -> Policy {
-        let router = |mode: RouterMode, kv: KvRouterConfig| {
-            Policy::Router(Box::new(RouterConfig {
-                kv,
-                ..RouterConfig::with_mode(mode)
-            }))
-        };
-        let kv = settings.kv.clone();
-        match self {
-            ModeArg::All | ModeArg::RoundRobin => router(RouterMode::RoundRobin, kv),
-            ModeArg::Random => router(RouterMode::Random, kv),
-            ModeArg::PowerOfTwo => router(RouterMode::PowerOfTwo, kv),
-            ModeArg::LeastLoaded => router(RouterMode::LeastLoaded, kv),
-            ModeArg::DeviceAwareWeighted => router(RouterMode::DeviceAwareWeighted, kv),
-            ModeArg::Kv => router(
-                RouterMode::Kv,
-                KvRouterConfig {
-                    use_kv_events: true,
-                    ..kv
-                },
-            ),
-            ModeArg::KvApprox => router(
-                RouterMode::Kv,
-                KvRouterConfig {
-                    use_kv_events: false,
-                    predicted_ttl: None,
-                    ..kv
-                },
-            ),
-            ModeArg::LoadCappedGreedy => Policy::LoadCappedGreedy {
-                cap: settings.greedy_cap,
-            },
-        }
     }
 }
 
@@ -271,6 +191,8 @@ pub struct Settings {
     pub kv: KvRouterConfig,
     /// Load-capped greedy's cap.
     pub greedy_cap: f64,
+    /// Goodput's objective when given by flags (both set); calibrated per workload otherwise.
+    pub slo: Option<Slo>,
 }
 
 impl Settings {
@@ -290,6 +212,14 @@ impl Settings {
             seed: args.seed,
             kv: args.router.kv_config()?,
             greedy_cap: args.greedy_cap,
+            slo: match (args.slo_ttft_ms, args.slo_itl_ms) {
+                (Some(ttft_ms), Some(itl_ms)) => Some(Slo {
+                    ttft_ms,
+                    itl_ms,
+                    calibrated: false,
+                }),
+                _ => None,
+            },
         })
     }
 }
@@ -324,6 +254,8 @@ pub struct Report {
     pub speed: f64,
     /// Seed.
     pub seed: u64,
+    /// The objective goodput counts against.
+    pub slo: Slo,
     /// Figures by mode name.
     pub modes: BTreeMap<&'static str, ModeReport>,
 }
@@ -333,6 +265,15 @@ pub async fn run(args: RoutingBench) -> anyhow::Result<()> {
     tokio::task::spawn_blocking(move || {
         let (source, items) = load_workload(&args)?;
         let settings = Settings::from_args(&args)?;
+        if args.sweep {
+            let report = sweep::run(source, &items, &settings)?;
+            if args.json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                sweep::print(&report);
+            }
+            return Ok(());
+        }
         let modes = ModeArg::expand(&args.mode);
         let report = run_modes(source, &items, &settings, &modes)?;
         if args.json {
@@ -357,11 +298,16 @@ pub fn load_workload(args: &RoutingBench) -> anyhow::Result<(String, Vec<WorkIte
             Ok((format!("trace {name}"), items))
         }
         _ => {
-            let mut items = synthetic::generate(&args.synthetic_args, args.seed);
+            let (name, shape) = if args.tool_agent {
+                ("tool-agent", SyntheticArgs::tool_agent())
+            } else {
+                ("synthetic", args.synthetic_args.clone())
+            };
+            let mut items = synthetic::generate(&shape, args.seed);
             if let Some(max) = args.max_requests {
                 items.truncate(max);
             }
-            Ok(("synthetic".to_string(), items))
+            Ok((name.to_string(), items))
         }
     }
 }
@@ -373,9 +319,13 @@ pub fn run_modes(
     settings: &Settings,
     modes: &[ModeArg],
 ) -> anyhow::Result<Report> {
+    let slo = match settings.slo {
+        Some(slo) => slo,
+        None => goodput::calibrate(items, settings)?,
+    };
     let mut reports = BTreeMap::new();
     for &mode in modes {
-        reports.insert(mode.name(), run_mode(items, settings, mode)?);
+        reports.insert(mode.name(), run_mode(items, settings, mode, &slo)?);
     }
     let last_arrival = items.iter().map(|i| i.arrival_us).max().unwrap_or(0);
     Ok(Report {
@@ -391,16 +341,43 @@ pub fn run_modes(
         block_size: settings.engine.block_size,
         speed: settings.speed,
         seed: settings.seed,
+        slo,
         modes: reports,
     })
 }
 
-/// Simulates one mode over `items`.
+/// Simulates one mode over `items` and computes its figures against `slo`.
 pub fn run_mode(
     items: &[WorkItem],
     settings: &Settings,
     mode: ModeArg,
+    slo: &Slo,
 ) -> anyhow::Result<ModeReport> {
+    let (records, handler) = simulate(items, settings, mode)?;
+    let mut report = metrics::summarize(&records, items, settings.workers.max(1), slo);
+    report.route_errors = handler.num_route_errors();
+    report.greedy_cap_ratio = handler.greedy_worst_ratio();
+    report.learned_weights = handler.learned_weights();
+    if let Some(prefix) = handler.prefix_choices() {
+        let all_prompt_tokens: u64 = items.iter().map(|i| u64::from(i.input_length)).sum();
+        report.shorter_prefix_share = Some(metrics::ratio(
+            prefix.num_shorter as f64,
+            prefix.num_decisions as f64,
+        ));
+        report.forgone_hit_rate = Some(metrics::ratio(
+            prefix.forgone_tokens as f64,
+            all_prompt_tokens as f64,
+        ));
+    }
+    Ok(report)
+}
+
+/// Replays `items` under one mode; returns the engines' per-request records and the handler.
+fn simulate(
+    items: &[WorkItem],
+    settings: &Settings,
+    mode: ModeArg,
+) -> anyhow::Result<(Vec<RequestRecord>, BenchHandler)> {
     settings
         .engine
         .validate()
@@ -430,21 +407,7 @@ pub fn run_mode(
     if let Some(failure) = handler.failure() {
         anyhow::bail!("mode {}: the event index failed: {failure}", mode.name());
     }
-    let mut report = metrics::summarize(sim.records(), items, fleet.num_workers);
-    report.route_errors = handler.num_route_errors();
-    report.greedy_cap_ratio = handler.greedy_worst_ratio();
-    if let Some(prefix) = handler.prefix_choices() {
-        let all_prompt_tokens: u64 = items.iter().map(|i| u64::from(i.input_length)).sum();
-        report.shorter_prefix_share = Some(metrics::ratio(
-            prefix.num_shorter as f64,
-            prefix.num_decisions as f64,
-        ));
-        report.forgone_hit_rate = Some(metrics::ratio(
-            prefix.forgone_tokens as f64,
-            all_prompt_tokens as f64,
-        ));
-    }
-    Ok(report)
+    Ok((sim.records().to_vec(), handler))
 }
 
 fn at_least_one(value: &str) -> Result<f64, String> {

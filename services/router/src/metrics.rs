@@ -1,10 +1,12 @@
 //! Prometheus metrics of a `kvmesh-router` replica, served on `--metrics-port`: decisions by
 //! outcome and their latency, and per-model state sampled when scraped (tracked requests, parked
-//! requests, dropped sync events, failed index queries).
+//! requests, dropped sync events, failed index queries, the KV cost weights).
 
 use std::time::Duration;
 
-use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    GaugeVec, Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
 
 use crate::routed_models::RoutedTable;
 use kvmesh_routing::error::RouteError;
@@ -70,6 +72,57 @@ impl EjectionSeries {
     }
 }
 
+/// The KV cost weights each model routes with (docs/routing.md, "Adaptive weights"): the flags'
+/// values, or what `--router-kv-weights auto` has learned, so a dashboard shows them move.
+#[derive(Clone)]
+pub struct KvWeightSeries {
+    weight: GaugeVec,
+}
+
+impl KvWeightSeries {
+    /// Registers `kvmesh_router_kv_weight{model, weight}` in `registry`.
+    pub fn new(registry: &Registry) -> prometheus::Result<Self> {
+        let weight = GaugeVec::new(
+            Opts::new(
+                "kvmesh_router_kv_weight",
+                "kv cost weight in force (overlap_score_credit, prefill_load_scale); \
+                 learned online with --router-kv-weights auto",
+            ),
+            &["model", "weight"],
+        )?;
+        registry.register(Box::new(weight.clone()))?;
+        Ok(Self { weight })
+    }
+
+    /// Samples `router`'s weights under its model's label (nothing outside `kv` mode).
+    pub fn sample(&self, model: &str, router: &SharedRouter) {
+        let weights = router.with_core(|core, _| {
+            let kv = &core.config().kv;
+            match core.learned_weights() {
+                Some(w) => Some((w.overlap_score_credit, w.prefill_load_scale)),
+                None if core.config().mode == kvmesh_routing::RouterMode::Kv => {
+                    Some((kv.overlap_score_credit, kv.prefill_load_scale))
+                }
+                None => None,
+            }
+        });
+        let Some((credit, scale)) = weights else {
+            return;
+        };
+        self.weight
+            .with_label_values(&[model, "overlap_score_credit"])
+            .set(credit);
+        self.weight
+            .with_label_values(&[model, "prefill_load_scale"])
+            .set(scale);
+    }
+
+    /// The sampled value of one weight (tests).
+    pub fn get(&self, model: &str, weight: &str) -> f64 {
+        self.weight.with_label_values(&[model, weight]).get()
+    }
+}
+
 /// The replica's metrics.
 #[derive(Clone)]
 pub struct RouterMetrics {
@@ -83,6 +136,7 @@ pub struct RouterMetrics {
     sync_dropped: IntGaugeVec,
     index_failures: IntGaugeVec,
     ejection: EjectionSeries,
+    kv_weights: KvWeightSeries,
 }
 
 impl RouterMetrics {
@@ -136,9 +190,11 @@ impl RouterMetrics {
             registry.register(collector)?;
         }
         let ejection = EjectionSeries::new(&registry)?;
+        let kv_weights = KvWeightSeries::new(&registry)?;
         Ok(Self {
             registry,
             ejection,
+            kv_weights,
             decisions,
             reports,
             decision_seconds,
@@ -199,6 +255,7 @@ impl RouterMetrics {
             set(&self.queued, queued as u64);
             set(&self.sync_dropped, model.router.num_sync_dropped());
             self.ejection.sample(name, &model.router);
+            self.kv_weights.sample(name, &model.router);
             set(
                 &self.index_failures,
                 model.indexer.as_ref().map_or(0, |i| i.num_failures()),

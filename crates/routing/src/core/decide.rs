@@ -12,7 +12,7 @@ use crate::core::PreparedRequest;
 use crate::cost::EffectiveKv;
 use crate::error::RouteError;
 use crate::queue::{Parked, policy_key};
-use crate::request::{Dispatched, RouteOutcome, RouteRequest, Ticket};
+use crate::request::{Dispatched, RouteOutcome, RouteRequest, RouterConfigOverride, Ticket};
 
 /// Longest session id a request may carry: bindings are kept per id and replicated to every
 /// router replica.
@@ -73,7 +73,7 @@ impl RouterCore {
         if !self.is_ready {
             return Err(RouteError::NotReady);
         }
-        let eff = EffectiveKv::new(&self.config.kv, prepared.hints.config_override.as_ref());
+        let eff = self.effective_kv(prepared.hints.config_override.as_ref());
         let plan = self.plan(&prepared, now)?;
         let candidates = self.eligible(&prepared, &plan, now)?;
         let overlap = self.overlap(&prepared, &eff, primary, now);
@@ -122,10 +122,7 @@ impl RouterCore {
     pub(super) fn drain_queue(&mut self, now: Duration) {
         self.expire_parked(now);
         while let Some((slot, parked)) = self.queue.pop_with_slot() {
-            let eff = EffectiveKv::new(
-                &self.config.kv,
-                parked.prepared.hints.config_override.as_ref(),
-            );
+            let eff = self.effective_kv(parked.prepared.hints.config_override.as_ref());
             let candidates = self.plan(&parked.prepared, now).and_then(|plan| {
                 self.eligible(&parked.prepared, &plan, now)
                     .map(|c| (plan, c))
@@ -190,6 +187,13 @@ impl RouterCore {
                 result: Err(RouteError::Overloaded),
             });
         }
+    }
+
+    /// The router's cost options for one request: the config, the learned weights in `auto`
+    /// mode, then the request's override.
+    fn effective_kv(&self, over: Option<&RouterConfigOverride>) -> EffectiveKv {
+        let learned = self.adaptive.as_ref().map(|a| a.weights());
+        EffectiveKv::with_learned(&self.config.kv, learned.as_ref(), over)
     }
 
     /// Pins from hints, then the session binding (an explicit pin wins over a binding).

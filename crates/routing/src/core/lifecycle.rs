@@ -15,6 +15,7 @@ impl RouterCore {
     /// The first token of a request arrived: its prefill load is released.
     pub fn mark_prefill_done(&mut self, request_id: &str, now: Duration) -> bool {
         let key = self.key(request_id);
+        self.observe_first_token(&key, now);
         if !self.tracker.mark_prefill_done(&key) {
             return false;
         }
@@ -46,6 +47,9 @@ impl RouterCore {
     /// still tracked (false after expiry, a departed worker, or a second call).
     pub fn free(&mut self, request_id: &str, path: TerminalPath, now: Duration) -> bool {
         let key = self.key(request_id);
+        if let Some(adaptive) = self.adaptive.as_mut() {
+            adaptive.forget(&key);
+        }
         let Some(request) = self.tracker.free(&key) else {
             return false;
         };
@@ -70,6 +74,9 @@ impl RouterCore {
             self.next_sweep = now + EXPIRY_SWEEP_INTERVAL;
             let cutoff = now.saturating_sub(self.config.kv.active_request_expiry);
             let expiry = self.config.kv.active_request_expiry;
+            if let Some(adaptive) = self.adaptive.as_mut() {
+                adaptive.expire(cutoff);
+            }
             if now >= expiry {
                 for (key, request) in self.tracker.expire(cutoff) {
                     tracing::warn!(request_id = %key.1, worker_id = request.worker.worker_id, "freeing stale tracked request");
@@ -134,6 +141,14 @@ impl RouterCore {
                 } else {
                     0
                 };
+                if let Some(adaptive) = self.adaptive.as_mut() {
+                    let observed = (
+                        self.tracker.prefill_tokens(event.worker),
+                        initial_prefill_tokens.unwrap_or(0),
+                        self.tracker.active_blocks(event.worker),
+                    );
+                    adaptive.on_routed(key.clone(), event.worker, now, self.block_size, observed);
+                }
                 self.tracker.add(
                     key,
                     TrackAdd {
@@ -150,9 +165,13 @@ impl RouterCore {
             }
             SyncKind::Add { .. } => {}
             SyncKind::MarkPrefillCompleted => {
+                self.observe_first_token(&key, now);
                 self.tracker.mark_prefill_done(&key);
             }
             SyncKind::Free => {
+                if let Some(adaptive) = self.adaptive.as_mut() {
+                    adaptive.forget(&key);
+                }
                 self.tracker.free(&key);
             }
             SyncKind::SessionBind { session_id } if known => {
@@ -215,6 +234,22 @@ impl RouterCore {
                 tracing::info!(model = %self.model, worker_id = %format!("{worker_id:x}"), "worker readmitted to routing");
             }
             None => {}
+        }
+    }
+
+    /// Feeds a first token to the weight learner; logs the weights when they move.
+    fn observe_first_token(&mut self, key: &ReqKey, now: Duration) {
+        let Some(adaptive) = self.adaptive.as_mut() else {
+            return;
+        };
+        if let Some(weights) = adaptive.on_first_token(key, now) {
+            tracing::info!(
+                model = %self.model,
+                overlap_score_credit = weights.overlap_score_credit,
+                prefill_load_scale = weights.prefill_load_scale,
+                observations = weights.num_observations,
+                "kv cost weights moved"
+            );
         }
     }
 

@@ -9,7 +9,7 @@ use super::RouterCore;
 use super::decide::{Candidate, Plan};
 use crate::config::RouterMode;
 use crate::core::PreparedRequest;
-use crate::cost::{CandidateLoad, EffectiveKv, RequestShape, kv_cost};
+use crate::cost::{CandidateLoad, CostPolicy, EffectiveKv, RequestShape, kv_cost, lmetric_cost};
 use crate::modes;
 use crate::request::{Decision, TerminalPath};
 use crate::select::select_index;
@@ -123,10 +123,24 @@ impl RouterCore {
                 min_prefill
             },
         };
+        let score = match self.config.kv.cost_policy {
+            CostPolicy::Default => kv_cost,
+            CostPolicy::Lmetric => lmetric_cost,
+        };
         let costs: Vec<f64> = loads
             .iter()
-            .map(|load| kv_cost(&eff.weights, &shape, load))
+            .map(|load| score(&eff.weights, &shape, load))
             .collect();
+        if let Some(adaptive) = &self.adaptive {
+            let keys: Vec<WorkerKey> = candidates.iter().map(|c| c.key).collect();
+            let allowed = adaptive.under_share_cap(&keys);
+            if allowed.iter().any(|a| !a) {
+                let kept: Vec<usize> = (0..costs.len()).filter(|&i| allowed[i]).collect();
+                let kept_costs: Vec<f64> = kept.iter().map(|&i| costs[i]).collect();
+                let at = select_index(&kept_costs, eff.temperature, &mut self.rng).unwrap_or(0);
+                return kept.get(at).copied().unwrap_or(0);
+            }
+        }
         select_index(&costs, eff.temperature, &mut self.rng).unwrap_or(0)
     }
 
@@ -213,6 +227,14 @@ impl RouterCore {
             );
         }
         self.health.routed(chosen.worker_id, &key, now);
+        if let Some(adaptive) = self.adaptive.as_mut() {
+            let observed = (
+                self.tracker.prefill_tokens(chosen),
+                prefill_tokens,
+                self.tracker.active_blocks(chosen),
+            );
+            adaptive.on_routed(key.clone(), chosen, now, self.block_size, observed);
+        }
         self.tracker.add(
             key,
             TrackAdd {

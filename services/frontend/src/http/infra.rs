@@ -67,6 +67,7 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     state.metrics.set_queue_pending(pending);
     for (name, entry) in models.iter() {
         state.metrics.ejection.sample(name, &entry.router);
+        state.metrics.kv_weights.sample(name, &entry.router);
     }
     let block_hashes = models
         .values()

@@ -171,6 +171,19 @@ impl BenchHandler {
         }
     }
 
+    /// The weights the router learned, in `--router-kv-weights auto` mode.
+    pub(super) fn learned_weights(&self) -> Option<super::metrics::LearnedWeightsReport> {
+        let Placer::Router(core) = &self.placer else {
+            return None;
+        };
+        core.learned_weights()
+            .map(|w| super::metrics::LearnedWeightsReport {
+                overlap_score_credit: w.overlap_score_credit,
+                prefill_load_scale: w.prefill_load_scale,
+                num_observations: w.num_observations,
+            })
+    }
+
     /// Why the event index stopped working, if it did (the run's figures are then invalid).
     pub(super) fn failure(&self) -> Option<&str> {
         self.failure.as_deref()

@@ -4,6 +4,7 @@ use kvmesh_mocker::engine::FinishKind;
 use kvmesh_mocker::engine::sim::RequestRecord;
 use serde::Serialize;
 
+use super::goodput::{self, Slo};
 use super::workload::WorkItem;
 use super::{ModeArg, Report, Settings};
 
@@ -38,6 +39,14 @@ pub struct ModeReport {
     pub e2e_p50_ms: f64,
     /// Arrival to last token, 99th percentile, ms.
     pub e2e_p99_ms: f64,
+    /// Mean inter-token latency of a request (finished, two tokens or more), median, ms.
+    pub itl_p50_ms: f64,
+    /// The same, 99th percentile, ms.
+    pub itl_p99_ms: f64,
+    /// Requests per second of virtual time (first arrival to last finish) that met the SLO.
+    pub goodput_rps: f64,
+    /// Share of the requests that met the SLO.
+    pub slo_attainment: f64,
     /// Output tokens per second of virtual time, first arrival to last finish.
     pub throughput_tok_s: f64,
     /// First arrival to last finish, s.
@@ -61,11 +70,30 @@ pub struct ModeReport {
     /// Load-capped greedy only: the largest chosen worker's assigned work / mean at a decision.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub greedy_cap_ratio: Option<f64>,
+    /// `--router-kv-weights auto` only: the weights in force at the end of the run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub learned_weights: Option<LearnedWeightsReport>,
+}
+
+/// The learned weights at the end of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct LearnedWeightsReport {
+    /// Credit per cached block.
+    pub overlap_score_credit: f64,
+    /// Weight of prefill blocks against decode blocks.
+    pub prefill_load_scale: f64,
+    /// First tokens the fit saw.
+    pub num_observations: u64,
 }
 
 /// Computes the figures of a run over `items` (record keys are item positions) on
 /// `num_workers` workers.
-pub fn summarize(records: &[RequestRecord], items: &[WorkItem], num_workers: usize) -> ModeReport {
+pub fn summarize(
+    records: &[RequestRecord],
+    items: &[WorkItem],
+    num_workers: usize,
+    slo: &Slo,
+) -> ModeReport {
     let num_workers = num_workers.max(1);
     let mut requests_per_worker = vec![0u64; num_workers];
     let mut work_per_worker = vec![0u64; num_workers];
@@ -104,6 +132,12 @@ pub fn summarize(records: &[RequestRecord], items: &[WorkItem], num_workers: usi
     }
     let makespan_us = last_finish.saturating_sub(first_arrival.min(last_finish));
     let makespan_s = makespan_us as f64 / 1e6;
+    let mut itl_us: Vec<u64> = records
+        .iter()
+        .filter_map(goodput::itl_us)
+        .map(|itl| itl.round() as u64)
+        .collect();
+    let num_good = records.iter().filter(|r| goodput::meets(r, slo)).count();
     ModeReport {
         requests: records.len() as u64,
         errors,
@@ -118,6 +152,10 @@ pub fn summarize(records: &[RequestRecord], items: &[WorkItem], num_workers: usi
         e2e_mean_ms: mean_ms(&e2e_us),
         e2e_p50_ms: percentile_ms(&mut e2e_us, 0.50),
         e2e_p99_ms: percentile_ms(&mut e2e_us, 0.99),
+        itl_p50_ms: percentile_ms(&mut itl_us, 0.50),
+        itl_p99_ms: percentile_ms(&mut itl_us, 0.99),
+        goodput_rps: ratio(num_good as f64, makespan_s),
+        slo_attainment: ratio(num_good as f64, records.len() as f64),
         throughput_tok_s: ratio(output_tokens as f64, makespan_s),
         makespan_s,
         req_imbalance: imbalance(&requests_per_worker),
@@ -127,6 +165,7 @@ pub fn summarize(records: &[RequestRecord], items: &[WorkItem], num_workers: usi
         shorter_prefix_share: None,
         forgone_hit_rate: None,
         greedy_cap_ratio: None,
+        learned_weights: None,
     }
 }
 
@@ -180,10 +219,21 @@ pub(super) fn print_table(report: &Report, settings: &Settings, modes: &[ModeArg
         settings.engine.max_num_batched_tokens,
         report.seed
     );
+    println!(
+        "slo       TTFT ≤ {:.0} ms, ITL ≤ {:.2} ms ({})",
+        report.slo.ttft_ms,
+        report.slo.itl_ms,
+        if report.slo.calibrated {
+            "2× / 1.25× round-robin's medians at a quarter of the load"
+        } else {
+            "from the flags"
+        }
+    );
     println!();
     println!(
-        "{:<22} {:>8} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7} {:>7}",
+        "{:<22} {:>8} {:>8} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7} {:>7}",
         "mode",
+        "goodput",
         "hit rate",
         "prefill tok",
         "TTFT mean",
@@ -200,8 +250,9 @@ pub(super) fn print_table(report: &Report, settings: &Settings, modes: &[ModeArg
             continue;
         };
         println!(
-            "{:<22} {:>8.3} {:>12} {:>10.0} {:>10.0} {:>10.0} {:>10.0} {:>10.0} {:>10.0} {:>7.3} {:>7.3}",
+            "{:<22} {:>8.2} {:>8.3} {:>12} {:>10.0} {:>10.0} {:>10.0} {:>10.0} {:>10.0} {:>10.0} {:>7.3} {:>7.3}",
             mode.name(),
+            m.goodput_rps,
             m.hit_rate,
             m.prefill_tokens,
             m.ttft_mean_ms,
@@ -234,5 +285,16 @@ pub(super) fn print_table(report: &Report, settings: &Settings, modes: &[ModeArg
             );
         }
     }
-    println!("(times in ms of virtual time; identical on every machine)");
+    for mode in modes {
+        if let Some(w) = report.modes.get(mode.name()).and_then(|m| m.learned_weights) {
+            println!(
+                "{}: learned overlap credit {}, prefill load scale {} ({} first tokens observed)",
+                mode.name(),
+                w.overlap_score_credit,
+                w.prefill_load_scale,
+                w.num_observations
+            );
+        }
+    }
+    println!("(goodput in requests/s; times in ms of virtual time; identical on every machine)");
 }

@@ -46,6 +46,24 @@ pub struct SyntheticArgs {
     pub think_time: f64,
 }
 
+impl SyntheticArgs {
+    /// The tool-agent shape (`--tool-agent`): agents share one of a few long tool-definition
+    /// prefixes and loop through many short turns (a tool result in, a short call out) with
+    /// little think time between them.
+    pub fn tool_agent() -> Self {
+        Self {
+            system_prompts: 4,
+            system_prompt_tokens: 8192,
+            sessions: 256,
+            turns: 8,
+            user_tokens: 256,
+            output_tokens: 48,
+            session_rate: 2.0,
+            think_time: 2.0,
+        }
+    }
+}
+
 /// Generates the workload, sorted by arrival (ties in generation order).
 pub fn generate(args: &SyntheticArgs, seed: u64) -> Vec<WorkItem> {
     let mut rng = Rng::new(seed ^ 0x5359_4e54_4845_5449);

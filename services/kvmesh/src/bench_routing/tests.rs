@@ -3,7 +3,7 @@
 
 use clap::Parser;
 
-use super::handler::greedy_pick;
+use super::handler::{Policy, greedy_pick};
 use super::*;
 
 #[derive(Parser)]
@@ -248,4 +248,80 @@ fn synthetic_turns_extend_the_previous_prompt() {
     assert_eq!(a, synthetic::generate(&many.synthetic_args, 1));
     assert_ne!(a, synthetic::generate(&many.synthetic_args, 2));
     assert!(a.windows(2).all(|p| p[0].arrival_us <= p[1].arrival_us));
+}
+
+#[test]
+fn goodput_counts_requests_within_a_calibrated_slo() {
+    let report = run(
+        SMALL,
+        &[ModeArg::RoundRobin, ModeArg::KvAuto, ModeArg::Lmetric],
+    );
+    let slo = report.slo;
+    assert!(slo.calibrated && slo.ttft_ms > 0.0 && slo.itl_ms > 0.0, "{slo:?}");
+    for (mode, m) in &report.modes {
+        assert!(m.goodput_rps > 0.0, "{mode}");
+        assert!(m.slo_attainment > 0.0 && m.slo_attainment <= 1.0, "{mode}");
+        let all_rps = m.requests as f64 / m.makespan_s;
+        assert!(m.goodput_rps <= all_rps + 1e-9, "{mode}");
+        assert!(m.itl_p50_ms > 0.0 && m.itl_p50_ms <= m.itl_p99_ms, "{mode}");
+    }
+    let learned = report.modes["kv-auto"].learned_weights.unwrap();
+    assert!(learned.num_observations > 0);
+    assert!(report.modes["lmetric"].learned_weights.is_none());
+
+    let strict: Vec<&str> = SMALL
+        .iter()
+        .copied()
+        .chain(["--slo-ttft-ms", "0.001", "--slo-itl-ms", "0.001"])
+        .collect();
+    let report = run(&strict, &[ModeArg::RoundRobin]);
+    assert!(!report.slo.calibrated);
+    assert_eq!(report.modes["round-robin"].goodput_rps, 0.0);
+    assert!(
+        Cli::try_parse_from(["bench", "--synthetic", "--slo-ttft-ms", "5"]).is_err(),
+        "both objectives or neither"
+    );
+}
+
+#[test]
+fn sweep_picks_the_best_grid_point_and_checks_the_targets() {
+    let args = parse(SMALL);
+    let (source, items) = load_workload(&args).unwrap();
+    let settings = Settings::from_args(&args).unwrap();
+    let report = sweep::run(source, &items, &settings).unwrap();
+    assert_eq!(report.grid.len(), sweep::CREDITS.len() * sweep::SCALES.len());
+    assert!(report.grid.contains(&report.best));
+    for p in &report.grid {
+        assert!(
+            p.goodput_rps < report.best.goodput_rps
+                || (p.goodput_rps == report.best.goodput_rps
+                    && p.ttft_mean_ms >= report.best.ttft_mean_ms),
+            "{p:?} beats {:?}",
+            report.best
+        );
+    }
+    for mode in ["round-robin", "kv", "kv-auto", "lmetric"] {
+        assert!(report.modes.contains_key(mode), "{mode}");
+    }
+    assert_eq!(report.checks.len(), 7);
+    let json = serde_json::to_string(&report).unwrap();
+    assert!(json.contains("\"best\":") && json.contains("\"checks\":"));
+}
+
+#[test]
+fn tool_agent_sessions_share_long_tool_prefixes() {
+    let args = parse(&["--tool-agent", "--seed", "3"]);
+    let (source, items) = load_workload(&args).unwrap();
+    assert_eq!(source, "tool-agent");
+    let shape = synthetic::SyntheticArgs::tool_agent();
+    assert_eq!(items.len(), (shape.sessions * shape.turns) as usize);
+    assert!(
+        items
+            .iter()
+            .all(|i| i.input_length > shape.system_prompt_tokens)
+    );
+    let tools: std::collections::BTreeSet<u64> = items.iter().map(|i| i.segments[0].id).collect();
+    assert!(tools.len() <= shape.system_prompts as usize);
+    assert!(Cli::try_parse_from(["bench", "--tool-agent", "--synthetic"]).is_err());
+    assert!(Cli::try_parse_from(["bench", "--tool-agent", "--trace", "t"]).is_err());
 }

@@ -1,0 +1,283 @@
+//! Adaptive KV cost weights (`--router-kv-weights auto`, a kvmesh addition; docs/routing.md,
+//! "Adaptive weights").
+//!
+//! The cost model weighs a cached block against queued prefill (`overlap_score_credit`) and
+//! prefill against decode load (`prefill_load_scale`). The right values depend on the workload
+//! and the load, so in `auto` mode the router learns them from what it observes: for every
+//! request whose first token it sees, the time from routing to that first token against the
+//! chosen rank's queued prefill blocks `q`, the request's own uncached blocks `u` and the rank's
+//! active decode blocks `d` at routing time. An exponentially forgetting least-squares fit of
+//! `ttft ≈ c + a·q + b·u + δ·d` gives the exchange rates in time units: a cached block saves
+//! `b`, a queued prefill block costs `a`, a decode block `δ`; so `credit = b / a` and
+//! `scale = a / δ` make the cost proportional to the expected time to first token. The fixed
+//! flags are the starting point; the learned values are clamped to the range the benchmark
+//! sweeps and moved in quarter-octave steps with hysteresis, so the weights change (and are
+//! logged) only when the evidence moves them.
+//!
+//! Replicas converge without new messages: replica sync already carries every request's routing
+//! (with its uncached tokens) and first token, and a replica reads `q` and `d` from its own
+//! mirror of the load, so all replicas fit the same observations.
+//!
+//! Cache affinity can concentrate requests on a few workers; in `auto` mode a rank that has
+//! received more than [`MAX_REQUEST_SHARE`] × the mean of the recent requests (own and synced,
+//! exponentially decayed) is passed over while any other candidate remains.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use kvmesh_kv::WorkerKey;
+
+use crate::tracker::ReqKey;
+
+/// How the KV cost model's credit and scale are set (`--router-kv-weights`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvWeightsMode {
+    /// The flags' values, as Dynamo uses them.
+    #[default]
+    Fixed,
+    /// Learned online from observed time to first token, starting at the flags' values.
+    Auto,
+}
+
+/// Smallest learned overlap credit.
+pub const MIN_CREDIT: f64 = 0.5;
+/// Largest learned overlap credit.
+pub const MAX_CREDIT: f64 = 16.0;
+/// Smallest learned prefill load scale.
+pub const MIN_SCALE: f64 = 1.0;
+/// Largest learned prefill load scale.
+pub const MAX_SCALE: f64 = 256.0;
+/// A rank whose decayed share of recent requests exceeds this × the mean is passed over.
+pub const MAX_REQUEST_SHARE: f64 = 1.15;
+
+/// Observations before the fit replaces the starting weights.
+const MIN_OBSERVATIONS: u64 = 128;
+/// Forgetting per observation: the fit remembers about the last 2048 first tokens.
+const FORGET: f64 = 1.0 - 1.0 / 2048.0;
+/// Decay of the request counts per routed request (about the last 64 requests per rank).
+const COUNT_WINDOW_PER_RANK: f64 = 64.0;
+/// Requests a rank may be ahead of the mean before the share cap applies at all.
+const COUNT_SLACK: f64 = 2.0;
+/// Weights move in steps of 2^(1/4).
+const STEPS_PER_OCTAVE: f64 = 4.0;
+/// A weight moves once its fitted value is this many steps away from the current one: 0.1 step
+/// past the rounding midpoint, so a fit wavering around a midpoint does not flap.
+const HYSTERESIS_STEPS: f64 = 0.6;
+
+/// The weights in force and how much evidence they rest on.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LearnedWeights {
+    /// Credit per device-cached block.
+    pub overlap_score_credit: f64,
+    /// Weight of the adjusted prefill blocks.
+    pub prefill_load_scale: f64,
+    /// First tokens observed so far.
+    pub num_observations: u64,
+}
+
+/// What was known about a request when it was routed.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    routed_at: Duration,
+    features: [f64; 4],
+}
+
+/// The learner of one router (see the module docs).
+#[derive(Debug)]
+pub(crate) struct Adaptive {
+    weights: LearnedWeights,
+    learns_credit: bool,
+    /// Σ w·x·xᵀ and Σ w·x·y over the observations, w decaying by [`FORGET`].
+    xx: [[f64; 4]; 4],
+    xy: [f64; 4],
+    pending: HashMap<ReqKey, Pending>,
+    /// Recent requests per rank, in units of `growth` (lazy exponential decay).
+    counts: HashMap<WorkerKey, f64>,
+    growth: f64,
+}
+
+impl Adaptive {
+    /// A learner starting at the configured weights; a zero starting credit (load-only routing)
+    /// stays zero and only the scale is learned.
+    pub fn new(credit: f64, scale: f64) -> Self {
+        Self {
+            weights: LearnedWeights {
+                overlap_score_credit: credit,
+                prefill_load_scale: scale,
+                num_observations: 0,
+            },
+            learns_credit: credit > 0.0,
+            xx: [[0.0; 4]; 4],
+            xy: [0.0; 4],
+            pending: HashMap::new(),
+            counts: HashMap::new(),
+            growth: 1.0,
+        }
+    }
+
+    /// The weights in force.
+    pub fn weights(&self) -> LearnedWeights {
+        self.weights
+    }
+
+    /// A request was routed to `worker` (by this router or a replica): `queued_tokens` of
+    /// prefill were already waiting there, it brings `uncached_tokens` of its own, and the rank
+    /// held `decode_blocks`.
+    pub fn on_routed(
+        &mut self,
+        key: ReqKey,
+        worker: WorkerKey,
+        now: Duration,
+        block_size: u32,
+        (queued_tokens, uncached_tokens, decode_blocks): (u64, u64, u64),
+    ) {
+        let block = f64::from(block_size.max(1));
+        let features = [
+            1.0,
+            queued_tokens as f64 / block,
+            uncached_tokens as f64 / block,
+            decode_blocks as f64,
+        ];
+        self.pending.insert(
+            key,
+            Pending {
+                routed_at: now,
+                features,
+            },
+        );
+        self.count(worker);
+    }
+
+    /// The request's first token arrived: one observation. Returns the new weights when they
+    /// moved.
+    pub fn on_first_token(&mut self, key: &ReqKey, now: Duration) -> Option<LearnedWeights> {
+        let pending = self.pending.remove(key)?;
+        let ttft = now.saturating_sub(pending.routed_at).as_secs_f64();
+        let x = pending.features;
+        for (i, row) in self.xx.iter_mut().enumerate() {
+            for (j, cell) in row.iter_mut().enumerate() {
+                *cell = *cell * FORGET + x[i] * x[j];
+            }
+            self.xy[i] = self.xy[i] * FORGET + x[i] * ttft;
+        }
+        self.weights.num_observations += 1;
+        if self.weights.num_observations < MIN_OBSERVATIONS {
+            return None;
+        }
+        self.refit()
+    }
+
+    /// The request ended or was replaced without a first token being seen.
+    pub fn forget(&mut self, key: &ReqKey) {
+        self.pending.remove(key);
+    }
+
+    /// Drops requests routed before `cutoff` whose first token never came.
+    pub fn expire(&mut self, cutoff: Duration) {
+        self.pending.retain(|_, p| p.routed_at > cutoff);
+    }
+
+    /// Which candidates are within the request-share cap (all of them when none would be).
+    pub fn under_share_cap(&self, keys: &[WorkerKey]) -> Vec<bool> {
+        if keys.len() < 2 {
+            return vec![true; keys.len()];
+        }
+        let shares: Vec<f64> = keys
+            .iter()
+            .map(|k| self.counts.get(k).copied().unwrap_or(0.0) / self.growth)
+            .collect();
+        let mean = shares.iter().sum::<f64>() / shares.len() as f64;
+        let limit = (mean * MAX_REQUEST_SHARE).max(mean + COUNT_SLACK);
+        if shares.iter().all(|&s| s > limit) {
+            return vec![true; keys.len()];
+        }
+        shares.into_iter().map(|s| s <= limit).collect()
+    }
+
+    fn count(&mut self, worker: WorkerKey) {
+        let window = COUNT_WINDOW_PER_RANK * self.counts.len().max(1) as f64;
+        self.growth /= 1.0 - 1.0 / window;
+        *self.counts.entry(worker).or_insert(0.0) += self.growth;
+        if self.growth > 1e100 {
+            for count in self.counts.values_mut() {
+                *count /= self.growth;
+            }
+            self.growth = 1.0;
+        }
+    }
+
+    /// Solves the fit and moves the weights when the fitted values left the hysteresis band.
+    fn refit(&mut self) -> Option<LearnedWeights> {
+        let beta = solve(&self.xx, &self.xy)?;
+        let (a, b, delta) = (beta[1], beta[2], beta[3]);
+        let mut moved = false;
+        if self.learns_credit && a > 0.0 && b > 0.0 {
+            let credit = (b / a).clamp(MIN_CREDIT, MAX_CREDIT);
+            moved |= step(&mut self.weights.overlap_score_credit, credit);
+        }
+        if a > 0.0 {
+            let scale = if delta > 0.0 { a / delta } else { MAX_SCALE };
+            moved |= step(
+                &mut self.weights.prefill_load_scale,
+                scale.clamp(MIN_SCALE, MAX_SCALE),
+            );
+        }
+        moved.then_some(self.weights)
+    }
+}
+
+/// Moves `current` to `target` rounded to the step grid when `target` is more than the
+/// hysteresis away. Returns whether it moved.
+fn step(current: &mut f64, target: f64) -> bool {
+    let to_steps = |v: f64| v.max(f64::MIN_POSITIVE).log2() * STEPS_PER_OCTAVE;
+    if (to_steps(target) - to_steps(*current)).abs() <= HYSTERESIS_STEPS {
+        return false;
+    }
+    let snapped = (to_steps(target).round() / STEPS_PER_OCTAVE).exp2();
+    let moved = snapped != *current;
+    *current = snapped;
+    moved
+}
+
+/// Solves `(xx + λI) β = xy` for the 4 coefficients by Gaussian elimination with partial
+/// pivoting; a small ridge `λ` keeps an unobserved direction (no queued prefill yet) at zero.
+fn solve(xx: &[[f64; 4]; 4], xy: &[f64; 4]) -> Option<[f64; 4]> {
+    let trace: f64 = (0..4).map(|i| xx[i][i]).sum();
+    if !(trace.is_finite() && trace > 0.0) {
+        return None;
+    }
+    let ridge = trace * 1e-9;
+    let mut m = [[0.0; 5]; 4];
+    for i in 0..4 {
+        m[i][..4].copy_from_slice(&xx[i]);
+        m[i][i] += ridge;
+        m[i][4] = xy[i];
+    }
+    for col in 0..4 {
+        let pivot = (col..4).max_by(|&r, &s| m[r][col].abs().total_cmp(&m[s][col].abs()))?;
+        if m[pivot][col].abs() < f64::MIN_POSITIVE {
+            return None;
+        }
+        m.swap(col, pivot);
+        for row in 0..4 {
+            if row != col {
+                let factor = m[row][col] / m[col][col];
+                for k in col..5 {
+                    m[row][k] -= factor * m[col][k];
+                }
+            }
+        }
+    }
+    let beta = [
+        m[0][4] / m[0][0],
+        m[1][4] / m[1][1],
+        m[2][4] / m[2][2],
+        m[3][4] / m[3][3],
+    ];
+    beta.iter().all(|b| b.is_finite()).then_some(beta)
+}
+
+#[cfg(test)]
+#[path = "adaptive_tests.rs"]
+mod tests;

@@ -1,0 +1,201 @@
+//! The adaptive KV cost weights (`--router-kv-weights auto`) through the routing core: they
+//! converge on the exchange rates of a workload whose time to first token is a known function of
+//! the load, follow a change midway, and two replicas fed each other's sync events end with the
+//! same weights.
+
+#[path = "support/helpers.rs"]
+mod helpers;
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::time::Duration;
+
+use kvmesh_kv::WorkerKey;
+use kvmesh_routing::{
+    LearnedWeights, RouteOutcome, RouteRequest, RouterCore, Rng, TerminalPath,
+};
+use helpers::{B, config, worker};
+
+/// Time to first token as a function of the chosen rank's load at routing time, s per block.
+#[derive(Debug, Clone, Copy)]
+struct Truth {
+    /// Per block of prefill already queued on the rank.
+    queued: f64,
+    /// Per block of the request's own uncached prompt.
+    uncached: f64,
+    /// Per active decode block on the rank.
+    decode: f64,
+}
+
+impl Truth {
+    /// The credit and scale that make the cost proportional to this TTFT.
+    fn optimum(&self) -> (f64, f64) {
+        (self.uncached / self.queued, self.queued / self.decode)
+    }
+}
+
+const WORKERS: u64 = 4;
+
+fn router(id: &str, seed: u64, sync: bool) -> RouterCore {
+    let mut args = vec!["--router-mode", "kv", "--router-kv-weights", "auto"];
+    if sync {
+        args.push("--router-replica-sync");
+    }
+    let mut core = RouterCore::new(config(&args), "m", B, seed)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .with_router_id(id);
+    for w in 1..=WORKERS {
+        core.upsert_worker(worker(w, None, None), Duration::ZERO);
+    }
+    core
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Step {
+    FirstToken,
+    End,
+}
+
+/// Replays `n` requests from `first_id` over `routers` in turn (each replica routes its share),
+/// in spells of one every 4 ms and one every 14 ms on average, with first tokens at the time
+/// `truth` gives (±5 % noise) and each request decoding for 0.5–3.5 s after it; every sync event
+/// one router emits reaches the others at once.
+fn drive(
+    routers: &mut [RouterCore],
+    rng: &mut Rng,
+    now_us: &mut u64,
+    first_id: u64,
+    n: u64,
+    truth: Truth,
+) {
+    let mut due: Due = BinaryHeap::new();
+    for i in first_id..first_id + n {
+        // Busy and quiet spells, so queued prefill and decode load vary.
+        let mean_gap = if (i / 300) % 2 == 0 { 4_000 } else { 14_000 };
+        *now_us += mean_gap / 2 + rng.below(mean_gap as usize) as u64;
+        run_due(routers, &mut due, *now_us);
+        let owner = (i % routers.len() as u64) as usize;
+        let now = Duration::from_micros(*now_us);
+        let tokens: Vec<u32> = (0..B as usize * (1 + rng.below(32)))
+            .map(|_| rng.next_u64() as u32)
+            .collect();
+        let id = format!("req-{i}");
+        let core = &mut routers[owner];
+        let before: Vec<_> = (1..=WORKERS)
+            .map(|w| core.load(WorkerKey::new(w, 0)))
+            .collect();
+        let Ok(RouteOutcome::Routed(decision)) = core.route(&RouteRequest::new(&id, &tokens), now)
+        else {
+            panic!("request {i} not routed");
+        };
+        let load = before[(decision.worker_id - 1) as usize];
+        let block = f64::from(B);
+        let ttft = 0.002
+            + truth.queued * load.prefill_tokens as f64 / block
+            + truth.uncached * tokens.len() as f64 / block
+            + truth.decode * load.active_blocks as f64;
+        let noise = 0.95 + 0.1 * rng.next_f64();
+        let first = *now_us + (ttft * noise * 1e6) as u64;
+        due.push(Reverse((first, Step::FirstToken, owner, id.clone())));
+        let decode = 500_000 + rng.below(3_000_000) as u64;
+        due.push(Reverse((first + decode, Step::End, owner, id)));
+        forward(routers, owner, now);
+    }
+    run_due(routers, &mut due, u64::MAX);
+}
+
+type Due = BinaryHeap<Reverse<(u64, Step, usize, String)>>;
+
+/// Delivers every first token and end due by `until`, in time order.
+fn run_due(routers: &mut [RouterCore], due: &mut Due, until: u64) {
+    while due.peek().is_some_and(|Reverse((at, ..))| *at <= until) {
+        let Some(Reverse((at, step, owner, id))) = due.pop() else {
+            break;
+        };
+        let now = Duration::from_micros(at);
+        let core = &mut routers[owner];
+        match step {
+            Step::FirstToken => {
+                core.mark_prefill_done(&id, now);
+            }
+            Step::End => {
+                core.free(&id, TerminalPath::Completed, now);
+            }
+        }
+        forward(routers, owner, now);
+    }
+}
+
+/// Hands `routers[from]`'s sync events to every other router.
+fn forward(routers: &mut [RouterCore], from: usize, now: Duration) {
+    let events = routers[from].take_sync_events();
+    for (index, core) in routers.iter_mut().enumerate() {
+        if index != from {
+            for event in &events {
+                core.apply_sync_event(event, now);
+            }
+        }
+    }
+}
+
+fn weights(core: &RouterCore) -> (f64, f64) {
+    let LearnedWeights {
+        overlap_score_credit,
+        prefill_load_scale,
+        ..
+    } = core.learned_weights().expect("auto mode learns");
+    (overlap_score_credit, prefill_load_scale)
+}
+
+/// Within one quarter-octave step of `expected`.
+fn near(got: (f64, f64), expected: (f64, f64)) -> bool {
+    let close = |a: f64, b: f64| (a.log2() - b.log2()).abs() <= 0.25 + 1e-9;
+    close(got.0, expected.0) && close(got.1, expected.1)
+}
+
+#[test]
+fn weights_converge_on_a_known_optimum_and_follow_a_change() {
+    let first = Truth {
+        queued: 0.001,
+        uncached: 0.004,
+        decode: 0.001 / 16.0,
+    };
+    let second = Truth {
+        queued: 0.001,
+        uncached: 0.001,
+        decode: 0.001 / 64.0,
+    };
+    let mut routers = [router("a", 1, false)];
+    assert_eq!(weights(&routers[0]), (1.0, 1.0), "starts from the flags");
+    let (mut rng, mut now_us) = (Rng::new(11), 0);
+    drive(&mut routers, &mut rng, &mut now_us, 0, 4000, first);
+    let learned = weights(&routers[0]);
+    assert!(near(learned, first.optimum()), "{learned:?} vs {:?}", first.optimum());
+    drive(&mut routers, &mut rng, &mut now_us, 4000, 12_000, second);
+    let learned = weights(&routers[0]);
+    assert!(near(learned, second.optimum()), "{learned:?} vs {:?}", second.optimum());
+    assert_eq!(routers[0].num_tracked(), 0);
+}
+
+#[test]
+fn replicas_with_sync_end_with_the_same_weights() {
+    let truth = Truth {
+        queued: 0.001,
+        uncached: 0.008,
+        decode: 0.001 / 32.0,
+    };
+    let mut routers = [router("a", 1, true), router("b", 2, true)];
+    let (mut rng, mut now_us) = (Rng::new(5), 0);
+    drive(&mut routers, &mut rng, &mut now_us, 0, 6000, truth);
+    let (a, b) = (weights(&routers[0]), weights(&routers[1]));
+    assert_eq!(a, b);
+    assert!(near(a, truth.optimum()), "{a:?} vs {:?}", truth.optimum());
+    let observed = |core: &RouterCore| core.learned_weights().map(|w| w.num_observations);
+    assert_eq!(observed(&routers[0]), Some(6000), "own and synced first tokens");
+    assert_eq!(observed(&routers[0]), observed(&routers[1]));
+    // Without sync each replica learns from its own half only.
+    let mut alone = [router("c", 1, false), router("d", 2, false)];
+    let (mut rng, mut now_us) = (Rng::new(5), 0);
+    drive(&mut alone, &mut rng, &mut now_us, 0, 600, truth);
+    assert_eq!(observed(&alone[0]), Some(300));
+}
