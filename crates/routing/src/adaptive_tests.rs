@@ -11,12 +11,28 @@ fn key(id: u64) -> ReqKey {
 }
 
 /// Feeds `n` observations of `ttft = 5 ms + a·q + b·u + δ·d` (per block) with random features.
-fn feed(learner: &mut Adaptive, rng: &mut Rng, first_id: u64, n: u64, (a, b, delta): (f64, f64, f64)) {
+fn feed(
+    learner: &mut Adaptive,
+    rng: &mut Rng,
+    first_id: u64,
+    n: u64,
+    (a, b, delta): (f64, f64, f64),
+) {
     for id in first_id..first_id + n {
-        let (q, u, d) = (rng.below(64) as u64, rng.below(32) as u64 + 1, rng.below(4096) as u64);
+        let (q, u, d) = (
+            rng.below(64) as u64,
+            rng.below(32) as u64 + 1,
+            rng.below(4096) as u64,
+        );
         let ttft = 0.005 + a * q as f64 + b * u as f64 + delta * d as f64;
         let start = Duration::from_secs(id);
-        learner.on_routed(key(id), WorkerKey::new(id % 4, 0), start, 16, (q * 16, u * 16, d));
+        learner.on_routed(
+            key(id),
+            WorkerKey::new(id % 4, 0),
+            start,
+            16,
+            (q * 16, u * 16, d),
+        );
         learner.on_first_token(&key(id), start + Duration::from_secs_f64(ttft));
     }
 }
@@ -25,10 +41,22 @@ fn feed(learner: &mut Adaptive, rng: &mut Rng, first_id: u64, n: u64, (a, b, del
 fn the_fit_recovers_known_exchange_rates_and_follows_a_change() {
     let mut learner = Adaptive::new(1.0, 1.0);
     let mut rng = Rng::new(3);
-    feed(&mut learner, &mut rng, 0, 4000, (0.004, 0.016, 0.004 / 16.0));
+    feed(
+        &mut learner,
+        &mut rng,
+        0,
+        4000,
+        (0.004, 0.016, 0.004 / 16.0),
+    );
     let w = learner.weights();
     assert_eq!((w.overlap_score_credit, w.prefill_load_scale), (4.0, 16.0));
-    feed(&mut learner, &mut rng, 4000, 8000, (0.004, 0.004, 0.004 / 64.0));
+    feed(
+        &mut learner,
+        &mut rng,
+        4000,
+        8000,
+        (0.004, 0.004, 0.004 / 64.0),
+    );
     let w = learner.weights();
     assert_eq!((w.overlap_score_credit, w.prefill_load_scale), (1.0, 64.0));
     assert_eq!(w.num_observations, 12_000);
@@ -41,10 +69,19 @@ fn weights_stay_within_the_swept_range_and_a_zero_credit_stays_zero() {
     // Cached blocks worth 100 queued ones, decode blocks free: both clamp.
     feed(&mut learner, &mut rng, 0, 3000, (0.001, 0.1, 0.0));
     let w = learner.weights();
-    assert_eq!((w.overlap_score_credit, w.prefill_load_scale), (MAX_CREDIT, MAX_SCALE));
+    assert_eq!(
+        (w.overlap_score_credit, w.prefill_load_scale),
+        (MAX_CREDIT, MAX_SCALE)
+    );
 
     let mut load_only = Adaptive::new(0.0, 1.0);
-    feed(&mut load_only, &mut rng, 0, 3000, (0.004, 0.016, 0.004 / 16.0));
+    feed(
+        &mut load_only,
+        &mut rng,
+        0,
+        3000,
+        (0.004, 0.016, 0.004 / 16.0),
+    );
     let w = load_only.weights();
     assert_eq!((w.overlap_score_credit, w.prefill_load_scale), (0.0, 16.0));
 }
@@ -53,14 +90,36 @@ fn weights_stay_within_the_swept_range_and_a_zero_credit_stays_zero() {
 fn too_few_observations_keep_the_starting_weights() {
     let mut learner = Adaptive::new(2.0, 8.0);
     let mut rng = Rng::new(1);
-    feed(&mut learner, &mut rng, 0, MIN_OBSERVATIONS - 1, (0.004, 0.016, 0.0001));
+    feed(
+        &mut learner,
+        &mut rng,
+        0,
+        MIN_OBSERVATIONS - 1,
+        (0.004, 0.016, 0.0001),
+    );
     let w = learner.weights();
     assert_eq!((w.overlap_score_credit, w.prefill_load_scale), (2.0, 8.0));
     // A request that never produced a first token is not an observation.
-    learner.on_routed(key(999), WorkerKey::new(1, 0), Duration::ZERO, 16, (0, 16, 0));
+    learner.on_routed(
+        key(999),
+        WorkerKey::new(1, 0),
+        Duration::ZERO,
+        16,
+        (0, 16, 0),
+    );
     learner.forget(&key(999));
-    assert!(learner.on_first_token(&key(999), Duration::from_secs(1)).is_none());
-    learner.on_routed(key(998), WorkerKey::new(1, 0), Duration::ZERO, 16, (0, 16, 0));
+    assert!(
+        learner
+            .on_first_token(&key(999), Duration::from_secs(1))
+            .is_none()
+    );
+    learner.on_routed(
+        key(998),
+        WorkerKey::new(1, 0),
+        Duration::ZERO,
+        16,
+        (0, 16, 0),
+    );
     learner.expire(Duration::from_secs(1));
     assert!(learner.pending.is_empty());
 }
@@ -69,7 +128,10 @@ fn too_few_observations_keep_the_starting_weights() {
 fn steps_snap_to_quarter_octaves_with_hysteresis() {
     let mut w = 1.0;
     assert!(!step(&mut w, 1.1), "within the band");
-    assert!(!step(&mut w, 2f64.powf(0.55)), "past the midpoint, not past the band");
+    assert!(
+        !step(&mut w, 2f64.powf(0.55)),
+        "past the midpoint, not past the band"
+    );
     assert!(step(&mut w, 4.1));
     assert_eq!(w, 4.0);
     assert!(step(&mut w, 5.0));
@@ -89,6 +151,9 @@ fn the_share_cap_passes_over_ranks_far_above_the_mean() {
             learner.count(k);
         }
     }
-    assert_eq!(learner.under_share_cap(&keys), vec![false, true, true, true]);
+    assert_eq!(
+        learner.under_share_cap(&keys),
+        vec![false, true, true, true]
+    );
     assert_eq!(learner.under_share_cap(&keys[..1]), vec![true]);
 }

@@ -176,7 +176,11 @@ pub fn kv_cost(weights: &CostWeights, request: &RequestShape, candidate: &Candid
 }
 
 /// The lmetric score of sending `request` to `candidate` ([`CostPolicy::Lmetric`]).
-pub fn lmetric_cost(weights: &CostWeights, request: &RequestShape, candidate: &CandidateLoad) -> f64 {
+pub fn lmetric_cost(
+    weights: &CostWeights,
+    request: &RequestShape,
+    candidate: &CandidateLoad,
+) -> f64 {
     let terms = kv_cost_breakdown(weights, request, candidate);
     terms.adjusted_prefill * (candidate.decode_blocks as f64 + 1.0)
 }

@@ -10,11 +10,9 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::Duration;
 
-use kvmesh_kv::WorkerKey;
-use kvmesh_routing::{
-    LearnedWeights, RouteOutcome, RouteRequest, RouterCore, Rng, TerminalPath,
-};
 use helpers::{B, config, worker};
+use kvmesh_kv::WorkerKey;
+use kvmesh_routing::{LearnedWeights, Rng, RouteOutcome, RouteRequest, RouterCore, TerminalPath};
 
 /// Time to first token as a function of the chosen rank's load at routing time, s per block.
 #[derive(Debug, Clone, Copy)]
@@ -170,10 +168,18 @@ fn weights_converge_on_a_known_optimum_and_follow_a_change() {
     let (mut rng, mut now_us) = (Rng::new(11), 0);
     drive(&mut routers, &mut rng, &mut now_us, 0, 4000, first);
     let learned = weights(&routers[0]);
-    assert!(near(learned, first.optimum()), "{learned:?} vs {:?}", first.optimum());
+    assert!(
+        near(learned, first.optimum()),
+        "{learned:?} vs {:?}",
+        first.optimum()
+    );
     drive(&mut routers, &mut rng, &mut now_us, 4000, 12_000, second);
     let learned = weights(&routers[0]);
-    assert!(near(learned, second.optimum()), "{learned:?} vs {:?}", second.optimum());
+    assert!(
+        near(learned, second.optimum()),
+        "{learned:?} vs {:?}",
+        second.optimum()
+    );
     assert_eq!(routers[0].num_tracked(), 0);
 }
 
@@ -191,7 +197,11 @@ fn replicas_with_sync_end_with_the_same_weights() {
     assert_eq!(a, b);
     assert!(near(a, truth.optimum()), "{a:?} vs {:?}", truth.optimum());
     let observed = |core: &RouterCore| core.learned_weights().map(|w| w.num_observations);
-    assert_eq!(observed(&routers[0]), Some(6000), "own and synced first tokens");
+    assert_eq!(
+        observed(&routers[0]),
+        Some(6000),
+        "own and synced first tokens"
+    );
     assert_eq!(observed(&routers[0]), observed(&routers[1]));
     // Without sync each replica learns from its own half only.
     let mut alone = [router("c", 1, false), router("d", 2, false)];

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use clap::ValueEnum;
 use kvmesh_routing::{
-    BusyThresholds, Decision, KvWeightsMode, RankLoadSnapshot, Rng, RouteOutcome, RouteRequest, RouterConfig,
-    RouterCore, RouterMode, RoutingHints, RuntimeConfig, SessionAffinityMode, TerminalPath, Ticket,
-    WorkerInfo, WorkerLoad,
+    BusyThresholds, Decision, KvWeightsMode, RankLoadSnapshot, Rng, RouteOutcome, RouteRequest,
+    RouterConfig, RouterCore, RouterMode, RoutingHints, RuntimeConfig, SessionAffinityMode,
+    TerminalPath, Ticket, WorkerInfo, WorkerLoad,
 };
 use proptest::prelude::*;
 

@@ -4,9 +4,7 @@
 
 use std::time::Duration;
 
-use prometheus::{
-    GaugeVec, Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry,
-};
+use prometheus::{GaugeVec, Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
 
 use crate::routed_models::RoutedTable;
 use kvmesh_routing::error::RouteError;
@@ -261,5 +259,83 @@ impl RouterMetrics {
                 model.indexer.as_ref().map_or(0, |i| i.num_failures()),
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use kvmesh_kv::WorkerKey;
+    use kvmesh_routing::{
+        KvWeightsMode, ManualClock, RouteOutcome, RouteRequest, RouterConfig, RouterCore,
+        RouterMode, RuntimeConfig, TerminalPath, WorkerInfo,
+    };
+
+    use super::*;
+
+    /// Routes `n` requests 5 ms apart whose first token takes 1 ms per queued and 4 ms per own
+    /// prompt block (4 tokens) on the chosen worker, each ending 1 s later.
+    fn drive(core: &mut RouterCore, n: u64) {
+        let mut due: BTreeMap<(u64, u64), (String, bool)> = BTreeMap::new();
+        for i in 0..n {
+            let now_us = i * 5_000;
+            while let Some(entry) = due.first_entry() {
+                if entry.key().0 > now_us {
+                    break;
+                }
+                let ((at, _), (id, is_first)) = entry.remove_entry();
+                let at = Duration::from_micros(at);
+                if is_first {
+                    core.mark_prefill_done(&id, at);
+                } else {
+                    core.free(&id, TerminalPath::Completed, at);
+                }
+            }
+            let blocks = 1 + i % 8;
+            let tokens: Vec<u32> = (0..4 * blocks as u32).map(|t| t + 100 * i as u32).collect();
+            let id = format!("req-{i}");
+            let now = Duration::from_micros(now_us);
+            let before: Vec<u64> = (1..=2)
+                .map(|w| core.load(WorkerKey::new(w, 0)).prefill_tokens)
+                .collect();
+            let Ok(RouteOutcome::Routed(decision)) =
+                core.route(&RouteRequest::new(&id, &tokens), now)
+            else {
+                panic!("not routed");
+            };
+            let queued = before[(decision.worker_id - 1) as usize] / 4;
+            let ttft_us = 1_000 * queued + 4_000 * blocks;
+            due.insert((now_us + ttft_us, 2 * i), (id.clone(), true));
+            due.insert((now_us + ttft_us + 1_000_000, 2 * i + 1), (id, false));
+        }
+    }
+
+    #[test]
+    fn the_kv_weight_gauge_follows_the_learned_weights() {
+        let mut config = RouterConfig::with_mode(RouterMode::Kv);
+        config.kv.weights = KvWeightsMode::Auto;
+        let mut core = RouterCore::new(config, "m", 4, 1).unwrap();
+        for w in 1..=2 {
+            let info = WorkerInfo::new(w).with_runtime(RuntimeConfig::default());
+            core.upsert_worker(info, Duration::ZERO);
+        }
+        let router = SharedRouter::new(core, Arc::new(ManualClock::new(Duration::ZERO)));
+        let series = KvWeightSeries::new(&Registry::new()).unwrap();
+        series.sample("m", &router);
+        assert_eq!(series.get("m", "overlap_score_credit"), 1.0);
+        assert_eq!(series.get("m", "prefill_load_scale"), 1.0);
+        router.with_core(|core, _| drive(core, 2000));
+        series.sample("m", &router);
+        let credit = series.get("m", "overlap_score_credit");
+        assert!((credit - 4.0).abs() < 0.5, "credit {credit}");
+        assert!(series.get("m", "prefill_load_scale") > 1.0);
+
+        let fixed = RouterCore::new(RouterConfig::with_mode(RouterMode::Kv), "f", 4, 1).unwrap();
+        let fixed = SharedRouter::new(fixed, Arc::new(ManualClock::new(Duration::ZERO)));
+        series.sample("f", &fixed);
+        assert_eq!(series.get("f", "overlap_score_credit"), 1.0);
     }
 }

@@ -286,7 +286,11 @@ pub(super) fn print_table(report: &Report, settings: &Settings, modes: &[ModeArg
         }
     }
     for mode in modes {
-        if let Some(w) = report.modes.get(mode.name()).and_then(|m| m.learned_weights) {
+        if let Some(w) = report
+            .modes
+            .get(mode.name())
+            .and_then(|m| m.learned_weights)
+        {
             println!(
                 "{}: learned overlap credit {}, prefill load scale {} ({} first tokens observed)",
                 mode.name(),

@@ -210,12 +210,7 @@ pub fn print(report: &SweepReport) {
     let w = &report.workload;
     println!(
         "workload  {}: {} requests, {} workers × {} blocks of {} tokens, speed {}",
-        w.source,
-        w.requests,
-        report.workers,
-        report.cache_blocks,
-        report.block_size,
-        report.speed
+        w.source, w.requests, report.workers, report.cache_blocks, report.block_size, report.speed
     );
     println!(
         "slo       TTFT ≤ {:.0} ms, ITL ≤ {:.2} ms",

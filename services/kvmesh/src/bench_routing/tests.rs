@@ -257,7 +257,10 @@ fn goodput_counts_requests_within_a_calibrated_slo() {
         &[ModeArg::RoundRobin, ModeArg::KvAuto, ModeArg::Lmetric],
     );
     let slo = report.slo;
-    assert!(slo.calibrated && slo.ttft_ms > 0.0 && slo.itl_ms > 0.0, "{slo:?}");
+    assert!(
+        slo.calibrated && slo.ttft_ms > 0.0 && slo.itl_ms > 0.0,
+        "{slo:?}"
+    );
     for (mode, m) in &report.modes {
         assert!(m.goodput_rps > 0.0, "{mode}");
         assert!(m.slo_attainment > 0.0 && m.slo_attainment <= 1.0, "{mode}");
@@ -289,7 +292,10 @@ fn sweep_picks_the_best_grid_point_and_checks_the_targets() {
     let (source, items) = load_workload(&args).unwrap();
     let settings = Settings::from_args(&args).unwrap();
     let report = sweep::run(source, &items, &settings).unwrap();
-    assert_eq!(report.grid.len(), sweep::CREDITS.len() * sweep::SCALES.len());
+    assert_eq!(
+        report.grid.len(),
+        sweep::CREDITS.len() * sweep::SCALES.len()
+    );
     assert!(report.grid.contains(&report.best));
     for p in &report.grid {
         assert!(
