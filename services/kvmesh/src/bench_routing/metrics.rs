@@ -250,7 +250,7 @@ pub(super) fn print_table(report: &Report, settings: &Settings, modes: &[ModeArg
             continue;
         };
         println!(
-            "{:<22} {:>8.2} {:>8.3} {:>12} {:>10.0} {:>10.0} {:>10.0} {:>10.0} {:>10.0} {:>10.0} {:>7.3} {:>7.3}",
+            "{:<22} {:>8.3} {:>8.3} {:>12} {:>10.0} {:>10.0} {:>10.0} {:>10.0} {:>10.0} {:>10.0} {:>7.3} {:>7.3}",
             mode.name(),
             m.goodput_rps,
             m.hit_rate,

@@ -223,7 +223,7 @@ pub fn print(report: &SweepReport) {
     );
     let row = |label: String, p: &GridPoint| {
         println!(
-            "{label:>13} {:>8.2} {:>8.3} {:>10.0} {:>10.0} {:>7.3}",
+            "{label:>13} {:>8.3} {:>8.3} {:>10.0} {:>10.0} {:>7.3}",
             p.goodput_rps, p.hit_rate, p.ttft_mean_ms, p.ttft_p99_ms, p.req_imbalance
         );
     };
