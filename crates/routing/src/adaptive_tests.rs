@@ -129,7 +129,7 @@ fn steps_snap_to_quarter_octaves_with_hysteresis() {
     let mut w = 1.0;
     assert!(!step(&mut w, 1.1), "within the band");
     assert!(
-        !step(&mut w, 2f64.powf(0.55)),
+        !step(&mut w, 2f64.powf(0.55 / STEPS_PER_OCTAVE)),
         "past the midpoint, not past the band"
     );
     assert!(step(&mut w, 4.1));
