@@ -262,9 +262,10 @@ fn solve(xx: &[[f64; 4]; 4], xy: &[f64; 4]) -> Option<[f64; 4]> {
         m.swap(col, pivot);
         for row in 0..4 {
             if row != col {
-                let factor = m[row][col] / m[col][col];
-                for k in col..5 {
-                    m[row][k] -= factor * m[col][k];
+                let pivot_row = m[col];
+                let factor = m[row][col] / pivot_row[col];
+                for (cell, p) in m[row][col..].iter_mut().zip(&pivot_row[col..]) {
+                    *cell -= factor * p;
                 }
             }
         }

@@ -141,7 +141,9 @@ fn weights(core: &RouterCore) -> (f64, f64) {
         overlap_score_credit,
         prefill_load_scale,
         ..
-    } = core.learned_weights().expect("auto mode learns");
+    } = core
+        .learned_weights()
+        .unwrap_or_else(|| panic!("auto mode learns"));
     (overlap_score_credit, prefill_load_scale)
 }
 
