@@ -13,7 +13,7 @@ use async_nats::jetstream::{self, consumer, stream};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::mem::{subject_matches, validate_subject};
@@ -76,6 +76,9 @@ fn covering_filter(filters: &[String]) -> Option<String> {
 pub struct NatsEventPlane {
     client: async_nats::Client,
     jetstream: jetstream::Context,
+    /// Counts the client's connections to a server; a consumer opens itself again on each one
+    /// (a restarted server has forgotten it, and the ordered consumer can stall silently).
+    connections: watch::Receiver<u64>,
 }
 
 impl std::fmt::Debug for NatsEventPlane {
@@ -100,16 +103,27 @@ impl NatsEventPlane {
     /// never help), while a server that cannot be reached (or not over TLS yet) is connected to
     /// in the background.
     pub async fn connect_secured(server: &str, security: &NatsSecurity) -> Result<Self> {
-        let options = |retry: bool| async move {
-            let options = async_nats::ConnectOptions::new()
-                .name("kvmesh")
-                .connection_timeout(CONNECT_TIMEOUT);
-            let options = if retry {
-                options.retry_on_initial_connect()
-            } else {
-                options
-            };
-            security.apply(options).await
+        let (connected_tx, connections) = watch::channel(0u64);
+        let connected_tx = std::sync::Arc::new(connected_tx);
+        let options = |retry: bool| {
+            let connected_tx = connected_tx.clone();
+            async move {
+                let options = async_nats::ConnectOptions::new()
+                    .name("kvmesh")
+                    .connection_timeout(CONNECT_TIMEOUT)
+                    .event_callback(move |event| {
+                        if matches!(event, async_nats::Event::Connected) {
+                            connected_tx.send_modify(|count| *count += 1);
+                        }
+                        std::future::ready(())
+                    });
+                let options = if retry {
+                    options.retry_on_initial_connect()
+                } else {
+                    options
+                };
+                security.apply(options).await
+            }
         };
         let client = match options(false).await?.connect(server).await {
             Ok(client) => client,
@@ -135,7 +149,11 @@ impl NatsEventPlane {
             }
         };
         let jetstream = jetstream::new(client.clone());
-        Ok(Self { client, jetstream })
+        Ok(Self {
+            client,
+            jetstream,
+            connections,
+        })
     }
 
     /// The underlying client, for callers that need raw NATS.
@@ -294,11 +312,16 @@ impl EventPlane for NatsEventPlane {
             .await
             .map_err(|error| nats_error(&format!("consume {stream}"), error))?;
         let (messages_tx, messages_rx) = mpsc::channel(CONSUMER_CAPACITY);
+        let mut connections = self.connections.clone();
+        connections.mark_unchanged();
         tokio::spawn(forward(
             source,
             ordered,
-            filters.to_vec(),
-            start_sequence,
+            Reading {
+                filters: filters.to_vec(),
+                start_sequence,
+                connections,
+            },
             messages_tx,
         ));
         Ok(Box::pin(ReceiverStream::new(messages_rx)))
@@ -355,21 +378,50 @@ impl ConsumerSource {
 /// Longest pause between two attempts to open a failed consumer again.
 const MAX_REOPEN_BACKOFF: Duration = Duration::from_secs(2);
 
+/// What a consumer's forwarding task reads and from where.
+struct Reading {
+    /// Subjects passed on (empty: all).
+    filters: Vec<String>,
+    /// The first stream sequence to pass on.
+    start_sequence: u64,
+    /// The client's connection count (see [`NatsEventPlane`]).
+    connections: watch::Receiver<u64>,
+}
+
 /// Moves consumer messages to the subscription in stream order, dropping any the ordered
 /// consumer redelivers and subjects outside `filters`. An error is passed on and the consumer is
 /// opened again after the last message passed on: a restarted NATS forgets ephemeral consumers,
-/// and the ordered consumer does not always recreate itself then.
+/// and the ordered consumer does not always recreate itself then. For the same reason the
+/// consumer is opened again, after the last message passed on, whenever the client connects
+/// to a server again (nothing is passed on twice or skipped: `next` decides).
 async fn forward(
     source: ConsumerSource,
     mut ordered: consumer::pull::Ordered,
-    filters: Vec<String>,
-    start_sequence: u64,
+    reading: Reading,
     messages_tx: mpsc::Sender<Result<StreamMessage>>,
 ) {
+    let Reading {
+        filters,
+        start_sequence,
+        mut connections,
+    } = reading;
+    let mut watching = true;
     let mut next = start_sequence;
     loop {
         let item = tokio::select! {
             () = messages_tx.closed() => return,
+            changed = connections.changed(), if watching => {
+                if changed.is_err() {
+                    watching = false;
+                    continue;
+                }
+                tracing::info!(stream = %source.stream, next, "nats connected again; opening the stream consumer again");
+                match reopen(&source, next, &messages_tx).await {
+                    Some(reopened) => ordered = reopened,
+                    None => return,
+                }
+                continue;
+            }
             item = ordered.next() => item,
         };
         let outcome = match item {
