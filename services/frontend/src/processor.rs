@@ -14,6 +14,7 @@ pub const PROCESSOR_METADATA: &str = "processor";
 /// Where hosts register when `--namespace` is unset, and where the frontend then looks.
 pub const DEFAULT_NAMESPACE: &str = "dynamo";
 
+mod call;
 mod clock;
 mod extensions;
 mod session;

@@ -3,18 +3,16 @@
 //! processor's chunks read as text deltas.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, OnceLock, PoisonError};
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use futures::Stream;
 use kvmesh_core::ErrorCode;
 use kvmesh_llm::openai::{ChatCompletionChunk, ChatCompletionRequest};
 use kvmesh_proto::v1::{
-    CallOutput, ChunkMetrics, GenerateCall, ProcessDown, ProcessError, ProcessStart, ProcessUp,
-    call_output, process_down, process_up,
+    ChunkMetrics, GenerateCall, ProcessDown, ProcessError, ProcessStart, ProcessUp, process_down,
+    process_up,
 };
-use kvmesh_router::FirstResponseWait;
 use kvmesh_routing::RoutingHints;
 use kvmesh_runtime::GrpcErrorCode as _;
 use kvmesh_runtime::otel::Trace;
@@ -23,10 +21,11 @@ use tokio::task::{AbortHandle, JoinSet};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
 
+use super::call::{Totals, pump_call};
 use super::clock::TokenClock;
 use super::{Host, ProcessorHosts, is_unreachable};
 use crate::error::FrontendError;
-use crate::generate::{ServedBy, TextDelta, TokenUsage};
+use crate::generate::{TextDelta, TokenUsage};
 use crate::http::ResponseHeaders;
 use crate::models::ModelEntry;
 
@@ -57,36 +56,6 @@ pub(crate) struct ProcessorRequest<'a> {
     /// The frontend's span of the request: the host's span and the generate calls' spans are
     /// its children (docs/tracing.md).
     pub span: Trace,
-}
-
-/// Token counts of the request's calls, kept by the call pumps, and the worker of the first call
-/// that was routed (the one a response's `nvext` names).
-#[derive(Default)]
-struct Totals {
-    prompt: AtomicU32,
-    completion: AtomicU32,
-    cached: AtomicU32,
-    first_worker: OnceLock<ServedBy>,
-}
-
-impl Totals {
-    /// The usage: what the processor reported wins over the frontend's own counts.
-    fn usage(&self, reported: &ChunkMetrics, chunk_usage: Option<TokenUsage>) -> TokenUsage {
-        if let Some(usage) = chunk_usage {
-            return usage;
-        }
-        TokenUsage {
-            prompt_tokens: reported
-                .input_tokens
-                .unwrap_or_else(|| self.prompt.load(Ordering::Relaxed)),
-            completion_tokens: reported
-                .output_tokens
-                .unwrap_or_else(|| self.completion.load(Ordering::Relaxed)),
-            cached_tokens: reported
-                .cached_tokens
-                .unwrap_or_else(|| self.cached.load(Ordering::Relaxed)),
-        }
-    }
 }
 
 /// The request's state on this side of the stream.
@@ -250,89 +219,6 @@ impl Session {
     fn usage(&self) -> TokenUsage {
         self.totals.usage(&self.metrics, self.chunk_usage)
     }
-}
-
-/// Runs one generate call through the seam and relays its output to the host.
-async fn pump_call(
-    entry: Arc<ModelEntry>,
-    call: GenerateCall,
-    hints: RoutingHints,
-    response_timeout: Option<Duration>,
-    span: Trace,
-    up: mpsc::Sender<ProcessUp>,
-    totals: Arc<Totals>,
-) {
-    let call_id = call.call_id;
-    let send = |kind: call_output::Kind| {
-        let up = up.clone();
-        async move {
-            let message = ProcessUp {
-                kind: Some(process_up::Kind::Output(CallOutput {
-                    call_id,
-                    kind: Some(kind),
-                })),
-            };
-            up.send(message).await.is_ok()
-        }
-    };
-    let failed = |error: FrontendError| {
-        call_output::Kind::Error(ProcessError {
-            error_code: error.code().name().to_owned(),
-            http_status: 0,
-            message: error.public_message(),
-        })
-    };
-    let Some(request) = call.request else {
-        send(failed(FrontendError::invalid(
-            "a generate call without a request",
-            None,
-        )))
-        .await;
-        return;
-    };
-    totals
-        .prompt
-        .fetch_add(request.token_ids.len() as u32, Ordering::Relaxed);
-    let options = crate::generate::GenerateOptions {
-        hints,
-        prefix_cuts: Vec::new().into(),
-        response_timeout,
-        wait: FirstResponseWait::None,
-        trace: span,
-    };
-    let started = crate::generate::start(&entry, request, options).await;
-    let mut generation = match started {
-        Ok(generation) => generation,
-        Err(error) => {
-            send(failed(error)).await;
-            return;
-        }
-    };
-    // Set before any of this call's output reaches the host, so before any text made from it.
-    let _ = totals.first_worker.set(ServedBy {
-        worker_id: generation.worker_id(),
-        dp_rank: generation.dp_rank(),
-    });
-    while let Some(item) = generation.next().await {
-        match item {
-            Ok(response) => {
-                totals
-                    .completion
-                    .fetch_add(response.token_ids.len() as u32, Ordering::Relaxed);
-                if let Some(usage) = &response.usage {
-                    totals.cached.store(usage.cached_tokens, Ordering::Relaxed);
-                }
-                if !send(call_output::Kind::Response(response)).await {
-                    return;
-                }
-            }
-            Err(error) => {
-                send(failed(error.into())).await;
-                return;
-            }
-        }
-    }
-    send(call_output::Kind::End(true)).await;
 }
 
 /// Opens a `Process` stream with `start` on a live host. A host that cannot be reached (it died
