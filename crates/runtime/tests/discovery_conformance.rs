@@ -264,12 +264,6 @@ struct PrivateEtcd {
 
 impl PrivateEtcd {
     fn new() -> Result<Self> {
-        let free_port = || {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|listener| listener.local_addr())
-                .map(|address| address.port())
-                .map_err(|e| Error::Discovery(e.to_string()))
-        };
         Ok(Self {
             client_port: free_port()?,
             peer_port: free_port()?,
@@ -316,14 +310,40 @@ impl PrivateEtcd {
         }
     }
 
-    async fn connect(&self, ttl: Duration) -> EtcdDiscovery {
+    /// A client of the private etcd once it answers; an error when it exited (its port taken)
+    /// or did not answer within 30 s.
+    async fn connect(&mut self, ttl: Duration) -> Result<EtcdDiscovery> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
-            match EtcdDiscovery::connect_with_ttl(&self.endpoints(), ttl).await {
-                Ok(discovery) => return discovery,
-                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            if let Ok(discovery) = EtcdDiscovery::connect_with_ttl(&self.endpoints(), ttl).await {
+                return Ok(discovery);
             }
+            let exited = match self.process.as_mut() {
+                Some(process) => process.try_wait()?.is_some(),
+                None => true,
+            };
+            if exited || tokio::time::Instant::now() > deadline {
+                return Err(Error::Discovery(format!(
+                    "the private etcd on port {} is not serving (exited: {exited})",
+                    self.client_port
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
+}
+
+/// A port below the kernel's ephemeral range (where outgoing connections take theirs, so one
+/// picked there can be taken before etcd binds it) that is free now.
+fn free_port() -> Result<u16> {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.subsec_nanos())
+        ^ std::process::id().wrapping_mul(7919);
+    (0..1000u32)
+        .map(|i| 20_000 + (seed.wrapping_add(i.wrapping_mul(104_729)) % 12_000) as u16)
+        .find(|&port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok())
+        .ok_or_else(|| Error::Discovery("no free port below the ephemeral range".into()))
 }
 
 /// etcd only: an etcd that restarts after being down for longer than the lease TTL still holds
@@ -337,7 +357,7 @@ async fn etcd_down_longer_than_the_ttl_then_back_keeps_the_lease() -> Result<()>
     let data = tempfile::tempdir()?;
     let mut etcd = PrivateEtcd::new()?;
     etcd.start(data.path())?;
-    let discovery = etcd.connect(Duration::from_secs(2)).await;
+    let discovery = etcd.connect(Duration::from_secs(2)).await?;
     discovery
         .put("/restart/k", Bytes::from_static(b"v"))
         .await?;
@@ -388,9 +408,9 @@ async fn etcd_restored_empty_gets_every_registration_back_without_watchers_seein
     let (first, second) = (tempfile::tempdir()?, tempfile::tempdir()?);
     let mut etcd = PrivateEtcd::new()?;
     etcd.start(first.path())?;
-    let owner = etcd.connect(Duration::from_secs(2)).await;
-    let crashed = etcd.connect(Duration::from_secs(2)).await;
-    let watcher = etcd.connect(Duration::from_secs(2)).await;
+    let owner = etcd.connect(Duration::from_secs(2)).await?;
+    let crashed = etcd.connect(Duration::from_secs(2)).await?;
+    let watcher = etcd.connect(Duration::from_secs(2)).await?;
     owner.put("/restore/a", Bytes::from_static(b"1")).await?;
     crashed.put("/restore/b", Bytes::from_static(b"2")).await?;
     // Revisions the empty etcd will not reach before the watcher resumes.
