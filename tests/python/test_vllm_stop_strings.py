@@ -1,12 +1,16 @@
 """The built-in processors' stop-string matcher (`kvmesh.stops`, built into the processor host):
 text is released as soon as it cannot begin a stop string, and a stop string split over many
 chunks is still found."""
-import sys
+import importlib.util
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "services" / "processor-host" / "python"))
-
-from kvmesh.stops import StopStrings  # noqa: E402
+# Loaded from its file under a name of its own: importing the host's `kvmesh` package here would
+# shadow the `kvmesh.v1` stubs other tests generate (conftest.proto_stubs).
+_STOPS = Path(__file__).resolve().parents[2] / "services" / "processor-host" / "python" / "kvmesh" / "stops.py"
+_spec = importlib.util.spec_from_file_location("kvmesh_host_stops", _STOPS)
+_module = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_module)
+StopStrings = _module.StopStrings
 
 
 def run(stops, chunks, include=False):
