@@ -81,7 +81,8 @@ keyed_venv() {
   [ "$(cat "$dir/.kvmesh-key" 2>/dev/null)" = "$key" ] && return 1
   rm -rf "$dir"
   started=$(date +%s)
-  "$installer" "$dir"
+  # `exit`, not `set -e`: the callers test this function's status, which turns `-e` off inside it.
+  "$installer" "$dir" || { echo "error: the $label environment did not install" >&2; exit 1; }
   echo "$key" >"$dir/.kvmesh-key"
   echo "$label environment installed in $(($(date +%s) - started)) s"
 }
