@@ -246,7 +246,9 @@ def test_a_killed_router_replicas_synced_load_is_released(replicas):
     assert len(results) == 8 and all(r == grpc.StatusCode.UNAVAILABLE for r in results), results
     for i in range(6):
         assert served_by(replicas.frontend_urls[0], f"after the kill {i}") is not None
-    assert tracked(replicas, 1) == 0
+    # A request's load is released when the replica's stream task ends, just after the client
+    # read its last byte: allow that moment, not a leak.
+    wait_until(lambda: tracked(replicas, 1) == 0, timeout=5, what="the survivors' own requests released")
 
 
 def indexer_status(addr):
