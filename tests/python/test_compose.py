@@ -7,6 +7,7 @@ processor host and worker that cannot register because etcd is down).
 
 Needs docker and docker-compose (and debootstrap, as root, for the base image the first time);
 skipped where docker is not reachable."""
+import json
 import os
 import shutil
 import subprocess
@@ -57,7 +58,6 @@ class ComposeMesh:
         """Runs the container's own health check command now; its exit status."""
         test = subprocess.run(["docker", "inspect", "-f", "{{json .Config.Healthcheck.Test}}", container],
                               capture_output=True, text=True, check=True).stdout
-        import json
         kind, *command = json.loads(test)
         if kind == "CMD-SHELL":
             command = ["sh", "-c", command[0]]
@@ -65,6 +65,11 @@ class ComposeMesh:
 
     def logs(self):
         print(self.compose("logs", "--no-color", "--tail", "80", check=False).stdout)
+
+
+def docker_logs(container):
+    logs = subprocess.run(["docker", "logs", container], capture_output=True, text=True)
+    return logs.stdout + logs.stderr
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +137,108 @@ def test_one_chat_request_is_one_trace_across_the_mesh(mesh):
     by_id = {s["span_id"]: s for s in found}
     # The only parent outside the trace's own spans is the client's.
     assert {s["parent_span_id"] for s in found if s["parent_span_id"] not in by_id} == {client_span}
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    mesh = ComposeMesh()
+    started = time.monotonic()
+    up = subprocess.run([str(COMPOSE / "up.sh"), "--scale", "router=3"], env=mesh.env,
+                        capture_output=True, text=True)
+    print(f"compose mesh up in {time.monotonic() - started:.0f} s", up.stderr[-2000:])
+    try:
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        yield mesh
+    except BaseException:
+        mesh.logs()
+        raise
+    finally:
+        subprocess.run([str(COMPOSE / "down.sh")], env=mesh.env, capture_output=True)
+
+
+def test_every_service_is_healthy_and_scaled(mesh):
+    expected = {"etcd": 1, "nats": 1, "indexer-0": 1, "indexer-1": 1, "mocker": 2, "router": 3,
+                "processor": 1, "frontend": 1, "otel-collector": 1}
+    for service, count in expected.items():
+        containers = mesh.containers(service)
+        assert len(containers) == count, (service, containers)
+        for container in containers:
+            wait_until(lambda c=container: mesh.health(c) == "healthy", timeout=60,
+                       what=f"{service} healthy")
+            assert mesh.healthcheck(container) == 0, service
+
+
+def test_openai_sdk_streams_a_chat_through_the_processor_host(mesh):
+    client = openai.OpenAI(base_url=f"{mesh.base_url}/v1", api_key="unused")
+    stream = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Hello from compose"}],
+        max_tokens=8, stream=True)
+    chunks = list(stream)
+    assert chunks and chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    assert "".join(c.choices[0].delta.content or "" for c in chunks)
+
+
+def test_one_chat_request_is_one_trace_across_the_mesh(mesh):
+    """A chat request with the client's `traceparent` goes through the frontend, the processor
+    host, a router replica and a mock worker; the compose mesh's collector holds one trace under
+    the client's trace id with a span from each of them, every span under the client's span."""
+    trace_id, client_span = uuid.uuid4().hex, uuid.uuid4().hex[:16]
+    response = requests.post(f"{mesh.base_url}/v1/chat/completions",
+                             headers={"traceparent": f"00-{trace_id}-{client_span}-01"},
+                             json={"model": "tiny", "max_tokens": 8,
+                                   "messages": [{"role": "user", "content": "Trace me through compose"}]},
+                             timeout=60)
+    assert response.status_code == 200, response.text
+    query = f"http://127.0.0.1:{mesh.env['KVMESH_OTEL_QUERY_PORT']}/v1/traces/{trace_id}"
+    wanted = {("kvmesh-frontend", "chat_completions"), ("kvmesh-processor-host", "processor_process"),
+              ("kvmesh-router", "route"), ("kvmesh-mocker", "worker_generate")}
+
+    def spans():
+        return requests.get(query, timeout=5).json()["spans"]
+
+    wait_until(lambda: wanted <= {(s["service"], s["name"]) for s in spans()}, timeout=60,
+               what="a span from every hop at the collector")
+    found = spans()
+    assert {s["trace_id"] for s in found} == {trace_id}
+    by_id = {s["span_id"]: s for s in found}
+    # The only parent outside the trace's own spans is the client's.
+    assert {s["parent_span_id"] for s in found if s["parent_span_id"] not in by_id} == {client_span}
+
+
+def test_a_worker_killed_mid_stream_gives_a_span_per_migration_attempt(mesh):
+    """A traced stream whose worker container is killed mid-stream completes on the other
+    worker; its trace holds a `migration` span and one `worker_generate` span per attempt. The
+    killed container is started again for the tests after this one."""
+    trace_id = uuid.uuid4().hex
+    response = requests.post(f"{mesh.base_url}/v1/completions",
+                             headers={"traceparent": f"00-{trace_id}-{uuid.uuid4().hex[:16]}-01"},
+                             json={"model": "tiny", "prompt": "migrate me " * 4, "max_tokens": 3000,
+                                   "ignore_eos": True, "stream": True,
+                                   "nvext": {"extra_fields": ["worker_id"]}},
+                             stream=True, timeout=120)
+    assert response.status_code == 200, response.text
+    lines = response.iter_lines()
+    first = next(json.loads(line[len(b"data: "):]) for line in lines if line.startswith(b"data: {"))
+    worker = format(first["nvext"]["worker_id"]["decode_worker_id"], "x")
+    serving = [c for c in mesh.containers("mocker")
+               if f"worker_id={worker}" in docker_logs(c)]
+    assert len(serving) == 1, (worker, serving)
+    subprocess.run(["docker", "kill", serving[0]], check=True, capture_output=True)
+    try:
+        rest = b"\n".join(lines)
+        assert b"[DONE]" in rest and b'"finish_reason":"length"' in rest, rest[-500:]
+        query = f"http://127.0.0.1:{mesh.env['KVMESH_OTEL_QUERY_PORT']}/v1/traces/{trace_id}"
+
+        def names():
+            return [(s["service"], s["name"]) for s in requests.get(query, timeout=5).json()["spans"]]
+
+        wait_until(lambda: ("kvmesh-frontend", "migration") in names()
+                   and names().count(("kvmesh-frontend", "worker_generate")) >= 2, timeout=60,
+                   what="a migration span and a worker_generate span per attempt")
+    finally:
+        subprocess.run(["docker", "start", serving[0]], check=True, capture_output=True)
+        wait_until(lambda: mesh.health(serving[0]) == "healthy", timeout=90, what="killed worker back")
 
 
 def test_kv_routing_keeps_a_prefix_on_its_worker(mesh):
