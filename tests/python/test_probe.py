@@ -1,7 +1,8 @@
 """`kvmesh probe` against real processes (the health check of the compose and Kubernetes
 deployments): a mock worker's grpc.health.v1 over the mesh's mutual TLS (probed with the mesh's
 flags it passes; plaintext or without a client certificate it fails), a router replica's
-`/health` on its metrics port, and failures for what is not serving."""
+`/health` on its metrics port, a frontend's `/health` over HTTPS checked against its CA, and
+failures for what is not serving."""
 import subprocess
 import tempfile
 import uuid
@@ -64,6 +65,32 @@ def test_http_probe_of_a_router_replica(env):
     assert failed.returncode == 1 and "http probe" in failed.stderr
 
 
+def test_https_probe_of_a_frontend_checks_its_certificate(env):
+    with tempfile.TemporaryDirectory() as tmp:
+        ca = Ca(Path(tmp) / "edge", "probe edge CA")
+        other = Ca(Path(tmp) / "other", "another CA")
+        cert, key = ca.issue("edge", 21)
+        port = free_port()
+        frontend = Proc("probe-frontend", ["kvmesh-frontend", "--http-host", "127.0.0.1", "--http-port", str(port),
+                                           "--tls-cert-path", str(cert), "--tls-key-path", str(key)], env)
+        url = f"https://127.0.0.1:{port}/live"
+        try:
+            wait_until(lambda: probe("http", url, "--ca-cert-path", str(ca.pem)).returncode == 0, timeout=60,
+                       what="the frontend's /live over HTTPS")
+            assert probe("http", f"https://localhost:{port}/live", "--ca-cert-path", str(ca.pem)).returncode == 0
+            # No worker serves a model yet: /health answers 503 over the verified connection.
+            health = probe("http", f"https://127.0.0.1:{port}/health", "--ca-cert-path", str(ca.pem))
+            assert health.returncode == 1 and "503" in health.stderr, health.stderr
+            untrusted = probe("http", url, "--ca-cert-path", str(other.pem), "--timeout", "2")
+            assert untrusted.returncode == 1 and "certificate" in untrusted.stderr.lower(), untrusted.stderr
+            no_ca = probe("http", url)
+            assert no_ca.returncode == 1 and "--ca-cert-path" in no_ca.stderr
+            plain = probe("http", f"http://127.0.0.1:{port}/health", "--timeout", "2")
+            assert plain.returncode == 1
+        finally:
+            frontend.stop()
+
+
 def test_probe_refuses_what_it_cannot_ask():
-    result = probe("http", "https://127.0.0.1:1/health")
-    assert result.returncode == 1 and "only http://" in result.stderr
+    result = probe("http", "ftp://127.0.0.1:1/health")
+    assert result.returncode == 1 and "only http:// and https://" in result.stderr

@@ -15,11 +15,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::RootCertStore;
-use rustls::ServerConfig;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
+use rustls::{ClientConfig, ServerConfig};
 
 use crate::reload::{Reloaded, WatchedFiles};
 
@@ -168,6 +168,21 @@ fn parse_roots(pem: &[u8], flag: &str, path: &Path) -> Result<Arc<RootCertStore>
         return Err(format!("{flag} {}: no PEM certificate", path.display()));
     }
     Ok(Arc::new(roots))
+}
+
+/// A client configuration that trusts only the CA certificates in the PEM file at `ca` and
+/// offers the HTTP/1.1 ALPN: what `kvmesh probe http` dials an `https://` health endpoint with,
+/// so a container checks its own HTTPS edge against the mesh's CA; errors name `flag`.
+pub fn http1_client_config(ca: &Path, flag: &str) -> Result<Arc<ClientConfig>, String> {
+    let pem = std::fs::read(ca).map_err(|e| format!("{flag} {}: {e}", ca.display()))?;
+    let roots = parse_roots(&pem, flag, ca)?;
+    let mut config = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
 }
 
 /// A server configuration presenting `chain`; with `client_roots`, every client must present a

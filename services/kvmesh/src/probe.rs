@@ -1,7 +1,9 @@
 //! `kvmesh probe`: the health check of containers and Kubernetes pods, with no curl or
 //! grpc_health_probe in the image. It exits 0 only when the service says it serves: a gRPC
 //! server's `grpc.health.v1` answers SERVING, or an HTTP probe (`/health`, `/live`) answers 2xx.
+//! An `https://` URL is checked against `--ca-cert-path` (the frontend of a TLS deployment).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
@@ -17,7 +19,7 @@ use tonic_health::pb::health_client::HealthClient;
 pub enum ProbeCommand {
     /// Ask a gRPC server's `grpc.health.v1` service; exit 0 only on SERVING.
     Grpc(Box<GrpcProbe>),
-    /// GET an `http://` URL (a `/health` or `/live`); exit 0 only on a 2xx answer.
+    /// GET an `http://` or `https://` URL (a `/health` or `/live`); exit 0 only on a 2xx answer.
     Http(HttpProbe),
 }
 
@@ -41,11 +43,14 @@ pub struct GrpcProbe {
 /// `kvmesh probe http`.
 #[derive(Args)]
 pub struct HttpProbe {
-    /// `http://HOST:PORT/PATH`.
+    /// `http://HOST:PORT/PATH` or `https://HOST:PORT/PATH`.
     url: String,
     /// Seconds before the probe gives up.
     #[arg(long, default_value_t = 3.0)]
     timeout: f64,
+    /// PEM CA that verifies an `https://` server (required for `https://`).
+    #[arg(long)]
+    ca_cert_path: Option<PathBuf>,
 }
 
 /// Runs the probe and exits: 0 healthy, 1 anything else (the reason on stderr).
@@ -101,20 +106,51 @@ async fn grpc(args: GrpcProbe) -> anyhow::Result<String> {
 
 async fn http(args: HttpProbe) -> anyhow::Result<String> {
     let uri: hyper::Uri = args.url.parse()?;
-    if uri.scheme_str() != Some("http") {
-        anyhow::bail!("only http:// URLs are probed (got {})", args.url);
-    }
+    let https = match uri.scheme_str() {
+        Some("http") => false,
+        Some("https") => true,
+        _ => anyhow::bail!(
+            "only http:// and https:// URLs are probed (got {})",
+            args.url
+        ),
+    };
     let host = uri
         .host()
         .ok_or_else(|| anyhow::anyhow!("no host in {}", args.url))?;
-    let address = format!("{host}:{}", uri.port_u16().unwrap_or(80));
+    let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+    let address = format!("{host}:{port}");
+    let path = uri.path_and_query().map_or("/", |path| path.as_str());
     let stream = tokio::net::TcpStream::connect(&address).await?;
+    if !https {
+        return get(stream, &address, path).await;
+    }
+    let ca = args
+        .ca_cert_path
+        .as_deref()
+        .ok_or_else(|| anyhow::anyhow!("an https:// URL needs --ca-cert-path"))?;
+    let config = kvmesh_runtime::tls::http1_client_config(ca, "--ca-cert-path")
+        .map_err(anyhow::Error::msg)?;
+    let name = tokio_rustls::rustls::pki_types::ServerName::try_from(
+        host.trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned(),
+    )?;
+    let stream = tokio_rustls::TlsConnector::from(config)
+        .connect(name, stream)
+        .await?;
+    get(stream, &address, path).await
+}
+
+/// GET `path` over an open connection to `address`: the body of a 2xx answer, else an error.
+async fn get<S>(stream: S, address: &str, path: &str) -> anyhow::Result<String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let (mut sender, connection) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
     tokio::spawn(connection);
-    let path = uri.path_and_query().map_or("/", |path| path.as_str());
     let request = hyper::Request::get(path)
-        .header("host", address.as_str())
+        .header("host", address)
         .body(Empty::<Bytes>::new())?;
     let response = sender.send_request(request).await?;
     let status = response.status();
