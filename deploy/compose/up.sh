@@ -6,6 +6,10 @@
 #
 #   KVMESH_PROFILE=release   build and ship release binaries (default: debug)
 #   KVMESH_SKIP_BUILD=1      use the binaries already built
+#   KVMESH_TLS=1             the hardened mesh (docker-compose.tls.yml): mutual TLS inside, etcd
+#                            and NATS over TLS, HTTPS and an API key at the edge; certificates
+#                            from tls/certs.sh in $KVMESH_TLS_DIR (default target/compose-tls)
+#                            for the network $KVMESH_TLS_SUBNET (default 172.31.250.0/24)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -18,6 +22,13 @@ if [ -z "${KVMESH_SKIP_BUILD:-}" ]; then
 fi
 KVMESH_BIN_DIR=${KVMESH_BIN_DIR:-$target_dir/$profile} "$root/deploy/images/build.sh"
 compose=(docker-compose -p "${KVMESH_COMPOSE_PROJECT:-kvmesh}" -f "$here/docker-compose.yml")
+scheme=http
+if [ -n "${KVMESH_TLS:-}" ]; then
+  export KVMESH_TLS_DIR=${KVMESH_TLS_DIR:-$target_dir/compose-tls}
+  "$here/tls/certs.sh" "$KVMESH_TLS_DIR" "${KVMESH_TLS_SUBNET:-172.31.250.0/24}"
+  compose+=(-f "$here/docker-compose.tls.yml")
+  scheme=https
+fi
 if docker image inspect "kvmesh-otel-collector:${KVMESH_IMAGE_TAG:-latest}" >/dev/null 2>&1; then
   export COMPOSE_PROFILES=tracing
 fi
@@ -26,7 +37,10 @@ fi
 for _ in $(seq 1 150); do
   status=$(docker inspect -f '{{.State.Health.Status}}' "$("${compose[@]}" ps -q frontend)" 2>/dev/null || true)
   if [ "$status" = healthy ]; then
-    echo "kvmesh mesh up: http://127.0.0.1:${KVMESH_HTTP_PORT:-8000}/v1 (KServe gRPC 127.0.0.1:${KVMESH_KSERVE_PORT:-8787})"
+    echo "kvmesh mesh up: $scheme://127.0.0.1:${KVMESH_HTTP_PORT:-8000}/v1 (KServe gRPC 127.0.0.1:${KVMESH_KSERVE_PORT:-8787})"
+    if [ "$scheme" = https ]; then
+      echo "CA: $KVMESH_TLS_DIR/edge/ca.pem; API key: $KVMESH_TLS_DIR/edge/api-keys"
+    fi
     exit 0
   fi
   sleep 2

@@ -226,8 +226,9 @@ def start_distributed(backend, extra_env=None, mocker_args=(), num_workers=2, sp
 
 
 def complete_on(mesh, prompt, max_tokens=4):
-    """A completion of token ids; returns the worker that served it (from nvext)."""
-    r = requests.post(f"{mesh.base_url}/v1/completions", json={
+    """A completion of token ids; returns the worker that served it (from nvext). A mesh with a
+    `session` (TLS, API key) is called through it."""
+    r = getattr(mesh, "session", requests).post(f"{mesh.base_url}/v1/completions", json={
         "model": "tiny", "prompt": prompt, "max_tokens": max_tokens,
         "nvext": {"extra_fields": ["worker_id"]}}, timeout=30)
     assert r.status_code == 200, r.text

@@ -8,97 +8,32 @@ processor host and worker that cannot register because etcd is down).
 Needs docker and docker-compose (and debootstrap, as root, for the base image the first time);
 skipped where docker is not reachable."""
 import json
-import os
-import shutil
 import subprocess
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import openai
 import pytest
 import requests
 
-from conftest import BIN_DIR, ROOT, assert_prefix_follows_the_cache, free_port, wait_until
+from compose_mesh import ComposeMesh, docker_logs, docker_ok
+from conftest import assert_prefix_follows_the_cache, wait_until
 
-COMPOSE = ROOT / "deploy" / "compose"
 BLOCK = 16
-
-
-def docker_ok():
-    return shutil.which("docker-compose") is not None and subprocess.run(
-        ["docker", "info"], capture_output=True).returncode == 0
-
 
 pytestmark = pytest.mark.skipif(not docker_ok(), reason="docker or docker-compose not available")
 
 
-class ComposeMesh:
-    def __init__(self):
-        self.project = f"kvmeshtest{uuid.uuid4().hex[:8]}"
-        self.http_port = free_port()
-        self.env = dict(os.environ, KVMESH_COMPOSE_PROJECT=self.project, KVMESH_SKIP_BUILD="1",
-                        KVMESH_BIN_DIR=str(BIN_DIR), KVMESH_HTTP_PORT=str(self.http_port),
-                        KVMESH_KSERVE_PORT=str(free_port()), KVMESH_OTEL_QUERY_PORT=str(free_port()))
-        self.base_url = f"http://127.0.0.1:{self.http_port}"
-
-    def compose(self, *args, check=True):
-        return subprocess.run(["docker-compose", "-p", self.project, "-f", str(COMPOSE / "docker-compose.yml"),
-                               *args], env=self.env, check=check, capture_output=True, text=True)
-
-    def containers(self, service):
-        return self.compose("ps", "-q", service).stdout.split()
-
-    def health(self, container):
-        return subprocess.run(["docker", "inspect", "-f", "{{.State.Health.Status}}", container],
-                              capture_output=True, text=True).stdout.strip()
-
-    def healthcheck(self, container):
-        """Runs the container's own health check command now; its exit status."""
-        test = subprocess.run(["docker", "inspect", "-f", "{{json .Config.Healthcheck.Test}}", container],
-                              capture_output=True, text=True, check=True).stdout
-        kind, *command = json.loads(test)
-        if kind == "CMD-SHELL":
-            command = ["sh", "-c", command[0]]
-        return subprocess.run(["docker", "exec", container, *command], capture_output=True).returncode
-
-    def logs(self):
-        print(self.compose("logs", "--no-color", "--tail", "80", check=False).stdout)
-
-
-def docker_logs(container):
-    logs = subprocess.run(["docker", "logs", container], capture_output=True, text=True)
-    return logs.stdout + logs.stderr
-
-
 @pytest.fixture(scope="module")
 def mesh():
-    mesh = ComposeMesh()
-    started = time.monotonic()
-    up = subprocess.run([str(COMPOSE / "up.sh"), "--scale", "router=3"], env=mesh.env,
-                        capture_output=True, text=True)
-    print(f"compose mesh up in {time.monotonic() - started:.0f} s", up.stderr[-2000:])
-    try:
-        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+    with ComposeMesh().up("--scale", "router=3") as mesh:
         yield mesh
-    except BaseException:
-        mesh.logs()
-        raise
-    finally:
-        subprocess.run([str(COMPOSE / "down.sh")], env=mesh.env, capture_output=True)
 
 
 def test_every_service_is_healthy_and_scaled(mesh):
-    expected = {"etcd": 1, "nats": 1, "indexer-0": 1, "indexer-1": 1, "mocker": 2, "router": 3,
-                "processor": 1, "frontend": 1, "otel-collector": 1}
-    for service, count in expected.items():
-        containers = mesh.containers(service)
-        assert len(containers) == count, (service, containers)
-        for container in containers:
-            wait_until(lambda c=container: mesh.health(c) == "healthy", timeout=60,
-                       what=f"{service} healthy")
-            assert mesh.healthcheck(container) == 0, service
+    mesh.assert_healthy({"etcd": 1, "nats": 1, "indexer-0": 1, "indexer-1": 1, "mocker": 2, "router": 3,
+                         "processor": 1, "frontend": 1, "otel-collector": 1})
 
 
 def test_openai_sdk_streams_a_chat_through_the_processor_host(mesh):
@@ -141,31 +76,13 @@ def test_one_chat_request_is_one_trace_across_the_mesh(mesh):
 
 @pytest.fixture(scope="module")
 def mesh():
-    mesh = ComposeMesh()
-    started = time.monotonic()
-    up = subprocess.run([str(COMPOSE / "up.sh"), "--scale", "router=3"], env=mesh.env,
-                        capture_output=True, text=True)
-    print(f"compose mesh up in {time.monotonic() - started:.0f} s", up.stderr[-2000:])
-    try:
-        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+    with ComposeMesh().up("--scale", "router=3") as mesh:
         yield mesh
-    except BaseException:
-        mesh.logs()
-        raise
-    finally:
-        subprocess.run([str(COMPOSE / "down.sh")], env=mesh.env, capture_output=True)
 
 
 def test_every_service_is_healthy_and_scaled(mesh):
-    expected = {"etcd": 1, "nats": 1, "indexer-0": 1, "indexer-1": 1, "mocker": 2, "router": 3,
-                "processor": 1, "frontend": 1, "otel-collector": 1}
-    for service, count in expected.items():
-        containers = mesh.containers(service)
-        assert len(containers) == count, (service, containers)
-        for container in containers:
-            wait_until(lambda c=container: mesh.health(c) == "healthy", timeout=60,
-                       what=f"{service} healthy")
-            assert mesh.healthcheck(container) == 0, service
+    mesh.assert_healthy({"etcd": 1, "nats": 1, "indexer-0": 1, "indexer-1": 1, "mocker": 2, "router": 3,
+                         "processor": 1, "frontend": 1, "otel-collector": 1})
 
 
 def test_openai_sdk_streams_a_chat_through_the_processor_host(mesh):
