@@ -8,8 +8,13 @@
 //! chosen rank's queued prefill blocks `q`, the request's own uncached blocks `u` and the rank's
 //! active decode blocks `d` at routing time. An exponentially forgetting least-squares fit of
 //! `ttft ≈ c + a·q + b·u + δ·d` gives the exchange rates in time units: a cached block saves
-//! `b`, a queued prefill block costs `a`, a decode block `δ`; so `credit = b / a` and
-//! `scale = a / δ` make the cost proportional to the expected time to first token. The fixed
+//! its own request `b`, a queued prefill block costs `a`, a decode block `δ`; so `scale = a / δ`.
+//! A block that must be prefilled also delays every request that queues behind it on that
+//! worker: by Little's law about as many as are queued ahead of a request on average, which is
+//! `ρ = E[q] / E[u]` requests (queued blocks over a request's own uncached blocks, from the same
+//! forgetting sums). Counting that delay, a cached block is worth `credit = (b / a)·(1 + ρ)`
+//! queued blocks: near `b / a` when queues are short, several times it under load, which is
+//! where keeping a conversation on the worker that holds it pays most. The fixed
 //! flags are the starting point; the learned values are clamped to the range the benchmark
 //! sweeps and moved in quarter-octave steps with hysteresis, so the weights change (and are
 //! logged) only when the evidence moves them.
@@ -213,7 +218,13 @@ impl Adaptive {
         let (a, b, delta) = (beta[1], beta[2], beta[3]);
         let mut moved = false;
         if self.learns_credit && a > 0.0 && b > 0.0 {
-            let credit = (b / a).clamp(MIN_CREDIT, MAX_CREDIT);
+            // Σw·q and Σw·u: the first row of the weighted Gram matrix.
+            let queued_behind = if self.xx[0][2] > 0.0 {
+                self.xx[0][1] / self.xx[0][2]
+            } else {
+                0.0
+            };
+            let credit = (b / a * (1.0 + queued_behind)).clamp(MIN_CREDIT, MAX_CREDIT);
             moved |= step(&mut self.weights.overlap_score_credit, credit);
         }
         if a > 0.0 {

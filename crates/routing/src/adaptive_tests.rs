@@ -10,17 +10,23 @@ fn key(id: u64) -> ReqKey {
     (Arc::from("r"), format!("req-{id}"))
 }
 
-/// Feeds `n` observations of `ttft = 5 ms + a·q + b·u + δ·d` (per block) with random features.
-fn feed(
+/// Feeds `n` observations of `ttft = 5 ms + a·q + b·u + δ·d` (per block) with random features:
+/// queued blocks `q` uniform in `0..64`, own uncached blocks `u` in `1..=32`.
+fn feed(learner: &mut Adaptive, rng: &mut Rng, first_id: u64, n: u64, rates: (f64, f64, f64)) {
+    feed_queued(learner, rng, (first_id, n), 64, rates);
+}
+
+/// [`feed`] with queued blocks uniform in `0..queued_below`.
+fn feed_queued(
     learner: &mut Adaptive,
     rng: &mut Rng,
-    first_id: u64,
-    n: u64,
+    (first_id, n): (u64, u64),
+    queued_below: usize,
     (a, b, delta): (f64, f64, f64),
 ) {
     for id in first_id..first_id + n {
         let (q, u, d) = (
-            rng.below(64) as u64,
+            rng.below(queued_below) as u64,
             rng.below(32) as u64 + 1,
             rng.below(4096) as u64,
         );
@@ -37,8 +43,17 @@ fn feed(
     }
 }
 
+/// The weight grid's value nearest `x` (quarter octaves).
+fn snap(x: f64) -> f64 {
+    ((x.log2() * STEPS_PER_OCTAVE).round() / STEPS_PER_OCTAVE).exp2()
+}
+
 #[test]
 fn the_fit_recovers_known_exchange_rates_and_follows_a_change() {
+    // With q uniform in 0..64 and u in 1..=32, a request has ρ = 31.5 / 16.5 requests' worth of
+    // prefill queued ahead of it, and as many will queue behind its own prefill: a cached block
+    // is worth (b / a)·(1 + ρ) queued blocks.
+    let queued_behind = 31.5 / 16.5;
     let mut learner = Adaptive::new(1.0, 1.0);
     let mut rng = Rng::new(3);
     feed(
@@ -49,7 +64,10 @@ fn the_fit_recovers_known_exchange_rates_and_follows_a_change() {
         (0.004, 0.016, 0.004 / 16.0),
     );
     let w = learner.weights();
-    assert_eq!((w.overlap_score_credit, w.prefill_load_scale), (4.0, 16.0));
+    assert_eq!(
+        (w.overlap_score_credit, w.prefill_load_scale),
+        (snap(4.0 * (1.0 + queued_behind)), 16.0)
+    );
     feed(
         &mut learner,
         &mut rng,
@@ -58,8 +76,34 @@ fn the_fit_recovers_known_exchange_rates_and_follows_a_change() {
         (0.004, 0.004, 0.004 / 64.0),
     );
     let w = learner.weights();
-    assert_eq!((w.overlap_score_credit, w.prefill_load_scale), (1.0, 64.0));
+    assert_eq!(w.prefill_load_scale, 64.0);
+    // Coming down from above, the hysteresis may hold it one step short of the target.
+    let steps_off =
+        (w.overlap_score_credit.log2() - (1.0 + queued_behind).log2()) * STEPS_PER_OCTAVE;
+    assert!(
+        (0.0..=1.0).contains(&steps_off),
+        "credit {} for a target of {}",
+        w.overlap_score_credit,
+        1.0 + queued_behind
+    );
     assert_eq!(w.num_observations, 12_000);
+}
+
+#[test]
+fn deeper_queues_make_a_cached_block_worth_more() {
+    // The same exchange rate (b = a) under three times the queueing: ρ = 95.5 / 16.5.
+    let mut learner = Adaptive::new(1.0, 1.0);
+    let mut rng = Rng::new(7);
+    feed_queued(
+        &mut learner,
+        &mut rng,
+        (0, 6000),
+        192,
+        (0.004, 0.004, 0.004 / 64.0),
+    );
+    let credit = learner.weights().overlap_score_credit;
+    assert_eq!(credit, snap(1.0 + 95.5 / 16.5));
+    assert!(credit > snap(1.0 + 31.5 / 16.5));
 }
 
 #[test]

@@ -26,9 +26,37 @@ struct Truth {
 }
 
 impl Truth {
-    /// The credit and scale that make the cost proportional to this TTFT.
-    fn optimum(&self) -> (f64, f64) {
-        (self.uncached / self.queued, self.queued / self.decode)
+    /// The credit and scale that make the cost proportional to the time this TTFT costs the
+    /// request and, through its own prefill, the `queued_behind` requests that wait behind it.
+    fn optimum(&self, queued_behind: f64) -> (f64, f64) {
+        (
+            self.uncached / self.queued * (1.0 + queued_behind),
+            self.queued / self.decode,
+        )
+    }
+}
+
+/// Queued prefill blocks over own prefill blocks, summed over the requests of the learner's
+/// memory (about the last 2048): how many requests' prefill a request waits behind.
+#[derive(Debug, Default)]
+struct Queueing {
+    recent: std::collections::VecDeque<(f64, f64)>,
+}
+
+impl Queueing {
+    fn observe(&mut self, queued: f64, own: f64) {
+        self.recent.push_back((queued, own));
+        if self.recent.len() > 2048 {
+            self.recent.pop_front();
+        }
+    }
+
+    fn queued_behind(&self) -> f64 {
+        let (queued, own) = self
+            .recent
+            .iter()
+            .fold((0.0, 0.0), |(q, u), (dq, du)| (q + dq, u + du));
+        queued / own
     }
 }
 
@@ -57,7 +85,7 @@ enum Step {
 /// Replays `n` requests from `first_id` over `routers` in turn (each replica routes its share),
 /// in spells of one every 4 ms and one every 14 ms on average, with first tokens at the time
 /// `truth` gives (±5 % noise) and each request decoding for 0.5–3.5 s after it; every sync event
-/// one router emits reaches the others at once.
+/// one router emits reaches the others at once. Returns the queueing the requests met.
 fn drive(
     routers: &mut [RouterCore],
     rng: &mut Rng,
@@ -65,8 +93,9 @@ fn drive(
     first_id: u64,
     n: u64,
     truth: Truth,
-) {
+) -> Queueing {
     let mut due: Due = BinaryHeap::new();
+    let mut queueing = Queueing::default();
     for i in first_id..first_id + n {
         // Busy and quiet spells, so queued prefill and decode load vary.
         let mean_gap = if (i / 300) % 2 == 0 { 4_000 } else { 14_000 };
@@ -88,6 +117,10 @@ fn drive(
         };
         let load = before[(decision.worker_id - 1) as usize];
         let block = f64::from(B);
+        queueing.observe(
+            load.prefill_tokens as f64 / block,
+            tokens.len() as f64 / block,
+        );
         let ttft = 0.002
             + truth.queued * load.prefill_tokens as f64 / block
             + truth.uncached * tokens.len() as f64 / block
@@ -100,6 +133,7 @@ fn drive(
         forward(routers, owner, now);
     }
     run_due(routers, &mut due, u64::MAX);
+    queueing
 }
 
 type Due = BinaryHeap<Reverse<(u64, Step, usize, String)>>;
@@ -157,30 +191,33 @@ fn near(got: (f64, f64), expected: (f64, f64)) -> bool {
 fn weights_converge_on_a_known_optimum_and_follow_a_change() {
     let first = Truth {
         queued: 0.001,
-        uncached: 0.004,
+        uncached: 0.0005,
         decode: 0.001 / 16.0,
     };
     let second = Truth {
         queued: 0.001,
-        uncached: 0.001,
+        uncached: 0.0002,
         decode: 0.001 / 64.0,
     };
     let mut routers = [router("a", 1, false)];
     assert_eq!(weights(&routers[0]), (1.0, 1.0), "starts from the flags");
     let (mut rng, mut now_us) = (Rng::new(11), 0);
-    drive(&mut routers, &mut rng, &mut now_us, 0, 4000, first);
-    let learned = weights(&routers[0]);
-    assert!(
-        near(learned, first.optimum()),
-        "{learned:?} vs {:?}",
-        first.optimum()
+    let queueing = drive(&mut routers, &mut rng, &mut now_us, 0, 4000, first);
+    let (learned, optimum) = (
+        weights(&routers[0]),
+        first.optimum(queueing.queued_behind()),
     );
-    drive(&mut routers, &mut rng, &mut now_us, 4000, 12_000, second);
-    let learned = weights(&routers[0]);
+    assert!(near(learned, optimum), "{learned:?} vs {optimum:?}");
+    let after_first = learned;
+    let queueing = drive(&mut routers, &mut rng, &mut now_us, 4000, 12_000, second);
+    let (learned, optimum) = (
+        weights(&routers[0]),
+        second.optimum(queueing.queued_behind()),
+    );
+    assert!(near(learned, optimum), "{learned:?} vs {optimum:?}");
     assert!(
-        near(learned, second.optimum()),
-        "{learned:?} vs {:?}",
-        second.optimum()
+        learned.0 < after_first.0 && learned.1 > after_first.1,
+        "{learned:?} after {after_first:?}"
     );
     assert_eq!(routers[0].num_tracked(), 0);
 }
@@ -189,15 +226,16 @@ fn weights_converge_on_a_known_optimum_and_follow_a_change() {
 fn replicas_with_sync_end_with_the_same_weights() {
     let truth = Truth {
         queued: 0.001,
-        uncached: 0.008,
+        uncached: 0.0004,
         decode: 0.001 / 32.0,
     };
     let mut routers = [router("a", 1, true), router("b", 2, true)];
     let (mut rng, mut now_us) = (Rng::new(5), 0);
-    drive(&mut routers, &mut rng, &mut now_us, 0, 6000, truth);
+    let queueing = drive(&mut routers, &mut rng, &mut now_us, 0, 6000, truth);
     let (a, b) = (weights(&routers[0]), weights(&routers[1]));
     assert_eq!(a, b);
-    assert!(near(a, truth.optimum()), "{a:?} vs {:?}", truth.optimum());
+    let optimum = truth.optimum(queueing.queued_behind());
+    assert!(near(a, optimum), "{a:?} vs {optimum:?}");
     let observed = |core: &RouterCore| core.learned_weights().map(|w| w.num_observations);
     assert_eq!(
         observed(&routers[0]),
