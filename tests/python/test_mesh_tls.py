@@ -1,8 +1,9 @@
 """Security inside the mesh (docs/security.md) on real processes: mutual TLS on every internal gRPC
 service with the --tcp-tls-* flags (a full mesh serving the openai SDK, a certificate of another CA
 refused, certificate files replaced while serving, `kvmesh up`), NATS with TLS, a client
-certificate and user/password or token, and etcd with TLS, client-certificate authentication
-and user/password authentication enabled. Certificates come from the `openssl` command line."""
+certificate and user/password, a token, an NKey or a credentials file (NKeys and JWTs from
+nats_auth.py), and etcd with TLS, client-certificate authentication and user/password
+authentication enabled. Certificates come from the `openssl` command line."""
 import os
 import shutil
 import socket
@@ -19,6 +20,7 @@ import requests
 
 from conftest import (Mesh, Proc, TINY_MODEL, assert_prefix_follows_the_cache, free_port, proto_stubs,
                       require_env, start_distributed, wait_ready, wait_until)
+from nats_auth import NKey, Operator, creds
 from pki import Ca
 
 BLOCK = 16
@@ -205,12 +207,16 @@ def test_kvmesh_up_serves_with_mesh_tls(pki):
 
 
 class NatsServer:
-    """A nats-server with JetStream on a free port, killed at the end."""
+    """A nats-server with JetStream on a free port, killed at the end; `config`, when given, is
+    the text of its configuration file."""
 
-    def __init__(self, *args):
+    def __init__(self, *args, config=None):
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="kvmesh-nats-")
         self.log = open(Path(self.dir) / "nats.log", "w")
+        if config:
+            (Path(self.dir) / "nats.conf").write_text(config)
+            args = ("-c", str(Path(self.dir) / "nats.conf"), *args)
         self.proc = subprocess.Popen(["nats-server", "-a", "127.0.0.1", "-p", str(self.port), "-js",
                                       "-sd", self.dir, *args], stdout=self.log, stderr=subprocess.STDOUT)
         wait_until(lambda: socket.create_connection(("127.0.0.1", self.port), timeout=1).close() or True,
@@ -232,20 +238,43 @@ def nats_tls_env(pki):
             "NATS_TLS_CLIENT_KEY_PATH": str(pki.member[1])}
 
 
-@pytest.mark.parametrize("auth", ["user_password", "token"])
-def test_kv_routing_through_nats_with_tls_and_credentials(pki, auth, monkeypatch):
-    """KV events reach the frontend's index through a nats-server that demands TLS, a client
-    certificate of the mesh CA and a password (or a token); a process with the wrong secret
-    does not start."""
+def nats_server_with(auth, pki):
+    """A nats-server demanding TLS, a client certificate of the mesh CA and `auth`; returns it,
+    the environment that authenticates, and one with a wrong secret or key."""
     secret = uuid.uuid4().hex
     if auth == "user_password":
         server = NatsServer(*nats_tls_args(pki), "--user", "kvmesh", "--pass", secret)
         env = {"NATS_AUTH_USERNAME": "kvmesh", "NATS_AUTH_PASSWORD": secret}
-        wrong = {**env, "NATS_AUTH_PASSWORD": "wrong"}
-    else:
+        return server, env, {**env, "NATS_AUTH_PASSWORD": "wrong"}
+    if auth == "token":
         server = NatsServer(*nats_tls_args(pki), "--auth", secret)
-        env = {"NATS_AUTH_TOKEN": secret}
-        wrong = {"NATS_AUTH_TOKEN": "wrong"}
+        return server, {"NATS_AUTH_TOKEN": secret}, {"NATS_AUTH_TOKEN": "wrong"}
+    if auth == "nkey":
+        # The server knows the user by its public key; the client signs the server's nonce with
+        # the seed. Another user's seed is refused.
+        user = NKey("user")
+        server = NatsServer(*nats_tls_args(pki), config=f"authorization {{ users: [{{nkey: {user.public}}}] }}\n")
+        return server, {"NATS_AUTH_NKEY": user.seed}, {"NATS_AUTH_NKEY": NKey("user").seed}
+    # Operator mode: the server trusts the operator, which signed the account (JetStream on),
+    # which signed the user's JWT; the client presents the JWT and signs the nonce with the seed
+    # of its credentials file. The same JWT with another seed is refused.
+    operator = Operator()
+    user, token = operator.user()
+    server = NatsServer(*nats_tls_args(pki), config=operator.config())
+    files = {}
+    for name, seed in (("kvmesh", user.seed), ("wrong", NKey("user").seed)):
+        files[name] = Path(server.dir) / f"{name}.creds"
+        files[name].write_text(creds(token, seed))
+    return (server, {"NATS_AUTH_CREDENTIALS_FILE": str(files["kvmesh"])},
+            {"NATS_AUTH_CREDENTIALS_FILE": str(files["wrong"])})
+
+
+@pytest.mark.parametrize("auth", ["user_password", "token", "nkey", "creds_file"])
+def test_kv_routing_through_nats_with_tls_and_credentials(pki, auth, monkeypatch):
+    """KV events reach the frontend's index through a nats-server that demands TLS, a client
+    certificate of the mesh CA and a password, a token, an NKey or a credentials file (a JWT of
+    an operator-mode server); a process with the wrong secret or key does not start."""
+    server, env, wrong = nats_server_with(auth, pki)
     monkeypatch.setenv("NATS_SERVER", f"nats://127.0.0.1:{server.port}")
     try:
         mesh = start_distributed("etcd", {**env, **nats_tls_env(pki)}, frontend_args=["--router-mode", "kv"])
@@ -260,6 +289,8 @@ def test_kv_routing_through_nats_with_tls_and_credentials(pki, auth, monkeypatch
         wait_until(lambda: not refused.alive(), timeout=30, what="the mocker with a wrong secret exiting")
         assert refused.proc.returncode != 0
         assert "nats" in refused.output().lower(), refused.output()[-2000:]
+        # Refused for its credentials (not for its certificate, say).
+        assert "authentication error" in Path(server.log.name).read_text()
     finally:
         server.stop()
 
