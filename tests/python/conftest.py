@@ -161,6 +161,20 @@ def proto_stubs():
     return _STUBS
 
 
+def indexer_status(addr):
+    """`kvmesh.v1.Indexer/Status` of the replica at `addr` (plaintext gRPC)."""
+    import grpc
+    pb = proto_stubs()
+    with grpc.insecure_channel(addr) as channel:
+        return pb["indexer_pb2_grpc"].IndexerStub(channel).Status(pb["indexer_pb2"].StatusRequest(), timeout=5)
+
+
+def digests(addr):
+    """A replica's state and, per model, its index digest and block count."""
+    status = indexer_status(addr)
+    return status.state, {m.model: (m.digest, m.blocks) for m in status.models}
+
+
 def require_env(name):
     value = os.environ.get(name)
     if not value:

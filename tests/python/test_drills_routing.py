@@ -14,8 +14,8 @@ import grpc
 import pytest
 import requests
 
-from conftest import (TINY_MODEL, Mesh, Proc, free_port, proto_stubs, require_env, stream_usage, wait_ready,
-                      wait_until)
+from conftest import (TINY_MODEL, Mesh, Proc, digests, free_port, proto_stubs, require_env, stream_usage,
+                      wait_ready, wait_until)
 
 # etcd leases of kvmesh processes last 10 s (crates/runtime/src/discovery/etcd.rs); a departed
 # process's routings must be released within that plus the watch's delivery.
@@ -249,17 +249,6 @@ def test_a_killed_router_replicas_synced_load_is_released(replicas):
     # A request's load is released when the replica's stream task ends, just after the client
     # read its last byte: allow that moment, not a leak.
     wait_until(lambda: tracked(replicas, 1) == 0, timeout=5, what="the survivors' own requests released")
-
-
-def indexer_status(addr):
-    pb = proto_stubs()
-    with grpc.insecure_channel(addr) as channel:
-        return pb["indexer_pb2_grpc"].IndexerStub(channel).Status(pb["indexer_pb2"].StatusRequest(), timeout=5)
-
-
-def digests(addr):
-    status = indexer_status(addr)
-    return status.state, {m.model: (m.digest, m.blocks) for m in status.models}
 
 
 def test_an_indexer_restarted_past_retention_converges_to_its_peer():
