@@ -1,5 +1,5 @@
 """Fault drills of the discovery and event planes on real processes, with a private etcd and NATS
-each test starts, kills and restarts (docs/security.md, "Faults survived").
+each test starts, kills and restarts (docs/security.md, "Faults the mesh rides out").
 
 - etcd restarted empty (every lease lost) under load: every process keeps serving, /health says
   degraded while the registrations are lost, then healthy again with the same workers; no request
@@ -10,8 +10,13 @@ each test starts, kills and restarts (docs/security.md, "Faults survived").
 - One worker cut off from a live etcd (a proxy the test cuts) past its lease TTL, under load: it
   leaves routing and the index, comes back under the same id once reachable, and KV routing
   follows its new blocks again; no request fails.
+
+After each: KV routing follows blocks stored after the fault (a prefix pinned on each worker
+draws the requests that share it), and two indexer replicas beside the frontend's own index have
+applied the whole stream with equal digests and no event twice.
 """
 import base64
+import random
 import shutil
 import socket
 import subprocess
@@ -20,10 +25,14 @@ import threading
 import time
 import uuid
 
-import pytest
+import grpc
 import requests
 
-from conftest import TINY_MODEL, Mesh, Proc, assert_prefix_follows_the_cache, free_port, wait_ready, wait_until
+from conftest import (TINY_MODEL, Mesh, Proc, assert_prefix_follows_the_cache, free_port, indexer_status, proto_stubs,
+                      wait_ready, wait_until)
+
+BLOCK = 16
+SERVING = 1  # IndexerState.SERVING
 
 
 class Server:
@@ -73,9 +82,11 @@ class Server:
         shutil.rmtree(self.data, ignore_errors=True)
 
 
-def start_mesh(etcd, nats, num_workers=2, wait=True, worker_etcd=None):
-    """A kv-mode frontend and `num_workers` mockers; mocker i reaches etcd at `worker_etcd(i)`
-    when given (a proxy the test cuts), else at `etcd`."""
+def start_mesh(etcd, nats, num_workers=2, wait=True, worker_etcd=None, indexers=0):
+    """A kv-mode frontend (its own index, fed from the stream), `num_workers` mockers and
+    `indexers` replicas of one indexer shard (`mesh.indexers`, their addresses; the frontend does
+    not ask them); mocker i reaches etcd at `worker_etcd(i)` when given (a proxy the test cuts),
+    else at `etcd`."""
     namespace = f"d{uuid.uuid4().hex[:10]}"
     env = {"DYN_DISCOVERY_BACKEND": "etcd", "ETCD_ENDPOINTS": etcd.url, "NATS_SERVER": nats.url}
     port = free_port()
@@ -83,10 +94,14 @@ def start_mesh(etcd, nats, num_workers=2, wait=True, worker_etcd=None):
                                  "--namespace", namespace, "--router-mode", "kv"], env)
     mockers = [Proc(f"mocker{i}", ["kvmesh-mocker", "--model-path", str(TINY_MODEL), "--model-name", "tiny",
                                    "--endpoint", f"dyn://{namespace}.backend.generate", "--speedup-ratio", "100",
-                                   "--block-size", "16", "--tcp-rpc-port", str(free_port())],
+                                   "--block-size", str(BLOCK), "--tcp-rpc-port", str(free_port())],
                     {**env, "ETCD_ENDPOINTS": worker_etcd(i) if worker_etcd else etcd.url})
                for i in range(num_workers)]
-    mesh = Mesh(f"http://127.0.0.1:{port}", [frontend, *mockers], namespace)
+    indexer_ports = [free_port() for _ in range(indexers)]
+    replicas = [Proc(f"indexer{i}", ["kvmesh-indexer", "--tcp-rpc-port", str(p)], {**env, "DYN_NAMESPACE": namespace})
+                for i, p in enumerate(indexer_ports)]
+    mesh = Mesh(f"http://127.0.0.1:{port}", [frontend, *mockers, *replicas], namespace)
+    mesh.indexers = [f"127.0.0.1:{p}" for p in indexer_ports]
     if wait:
         try:
             wait_ready(mesh.base_url, "tiny", num_workers, mesh.procs)
@@ -156,12 +171,84 @@ def metric(mesh, name):
     return None
 
 
-def assert_recovered(mesh):
-    """After a drill: nothing is left in flight, and KV routing works (requests sharing a prefix
-    land on the worker holding it, unrelated ones use both workers)."""
+def complete(mesh, prompt, **nvext):
+    """A completion of token ids (`nvext` extras: a pin); returns the worker that served it."""
+    r = requests.post(f"{mesh.base_url}/v1/completions", timeout=30, json={
+        "model": "tiny", "prompt": prompt, "max_tokens": 2, "nvext": {"extra_fields": ["worker_id"], **nvext}})
+    assert r.status_code == 200, r.text
+    return r.json()["nvext"]["worker_id"]["decode_worker_id"]
+
+
+def worker_ids(etcd, mesh):
+    """The instance ids of the mesh's workers, from their discovery keys."""
+    keys = etcd_keys(etcd, f"/kvmesh/{mesh.namespace}/instances/backend/")
+    return [int(key.rsplit("/", 1)[1], 16) for key in keys]
+
+
+def matches(addr, prompt):
+    """Device blocks of `prompt` each worker holds, by the indexer replica at `addr`."""
+    pb = proto_stubs()
+    with grpc.insecure_channel(addr) as channel:
+        answer = pb["indexer_pb2_grpc"].IndexerStub(channel).FindMatches(
+            pb["indexer_pb2"].FindMatchesRequest(model="tiny", token_ids=prompt, block_size=BLOCK), timeout=5)
+    return {score.worker_id: score.device_blocks for score in answer.scores if score.device_blocks}
+
+
+def assert_each_prefix_follows_its_worker(mesh, workers, seed):
+    """KV routing uses the blocks workers store from now on: a prefix first served (pinned) on each
+    worker draws every request that shares it, whichever way the router breaks ties (without
+    that worker's events a router sees no overlap and picks at random). With indexer replicas,
+    each of them first shows each prefix held by its worker alone (the events went through the
+    stream); without, the requests are retried for a while."""
+    rng = random.Random(seed)
+    prefixes = {worker: [rng.randrange(10, 250) for _ in range(4 * BLOCK)] for worker in workers}
+    for worker, prefix in prefixes.items():
+        assert complete(mesh, prefix + [11, 12], backend_instance_id=worker) == worker
+
+    def routed():
+        """(the worker holding the prefix, the worker chosen) for one request of each prefix."""
+        return [(worker, complete(mesh, prefix + [rng.randrange(10, 250)])) for worker, prefix in prefixes.items()]
+
+    if mesh.indexers:
+        wait_until(lambda: all(matches(addr, prefix) == {worker: 4} for addr in mesh.indexers
+                               for worker, prefix in prefixes.items()),
+                   timeout=15, what="each replica indexing each prefix on its worker")
+        time.sleep(1)  # the frontend's own index reads the same stream
+    else:
+        wait_until(lambda: all(held == chosen for held, chosen in routed()), timeout=10,
+                   what="each prefix routed to the worker holding it")
+    rounds = [routed() for _ in range(3)]
+    assert all(held == chosen for requests in rounds for held, chosen in requests), rounds
+
+
+def assert_indexes_agree(mesh):
+    """The indexer replicas are serving, have applied the stream up to its last message and hold
+    the same index (digest and block count per model), with blocks in it; none was handed an
+    event twice (a consumer opened again after a fault resumes after the last message it
+    delivered)."""
+    def agree():
+        statuses = [indexer_status(addr) for addr in mesh.indexers]
+        positions = [(s.state, s.applied_seq, s.stream_last_seq) for s in statuses]
+        views = [{m.model: (m.digest, m.blocks) for m in s.models} for s in statuses]
+        caught_up = all(state == SERVING and applied == last for state, applied, last in positions)
+        assert caught_up and views[0].get("tiny", (0, 0))[1] > 0 and all(v == views[0] for v in views), \
+            (positions, views)
+        return statuses
+
+    statuses = wait_until(agree, timeout=30, what="equal digests on the indexer replicas (state, applied, last)")
+    assert [s.counters["duplicates"] for s in statuses] == [0] * len(statuses), [dict(s.counters) for s in statuses]
+
+
+def assert_recovered(mesh, etcd):
+    """After a drill: nothing is left in flight; KV routing works (requests sharing a prefix land
+    on the worker holding it, unrelated ones use both workers), on blocks stored after the fault;
+    the indexer replicas hold the same index."""
     wait_until(lambda: metric(mesh, "dynamo_frontend_inflight_requests") == 0, timeout=15,
                what="no request left in flight")
-    assert_prefix_follows_the_cache(mesh, 16, settle=3.0, seed=11)
+    assert_prefix_follows_the_cache(mesh, BLOCK, settle=3.0, seed=11)
+    assert_each_prefix_follows_its_worker(mesh, worker_ids(etcd, mesh), seed=13)
+    if mesh.indexers:
+        assert_indexes_agree(mesh)
 
 
 def test_etcd_restored_empty_under_load_degrades_then_recovers_without_a_failed_request():
@@ -170,7 +257,7 @@ def test_etcd_restored_empty_under_load_degrades_then_recovers_without_a_failed_
     nats.start()
     mesh = None
     try:
-        mesh = start_mesh(etcd, nats)
+        mesh = start_mesh(etcd, nats, indexers=2)
         assert health(mesh)[1]["status"] == "healthy"
         assert metric(mesh, "kvmesh_discovery_registered") == 1
         with Load(mesh) as load:
@@ -195,7 +282,8 @@ def test_etcd_restored_empty_under_load_degrades_then_recovers_without_a_failed_
         listed = etcd_keys(etcd, f"/kvmesh/{mesh.namespace}/")
         assert len([k for k in listed if "/instances/backend/" in k]) == 2, listed
         assert len([k for k in listed if "/models/" in k]) == 2, listed
-        assert_recovered(mesh)
+        assert len([k for k in listed if "/instances/indexer/" in k]) == 2, listed
+        assert_recovered(mesh, etcd)
     finally:
         if mesh:
             mesh.stop()
@@ -208,7 +296,7 @@ def test_nats_down_at_start_then_up_and_restarted_under_load():
     etcd.start()
     mesh = None
     try:
-        mesh = start_mesh(etcd, nats, wait=False)
+        mesh = start_mesh(etcd, nats, wait=False, indexers=2)
         wait_ready(mesh.base_url, "tiny", 2, mesh.procs)
         status, body = health(mesh)
         assert status == 200 and body["status"] == "degraded", body
@@ -232,9 +320,10 @@ def test_nats_down_at_start_then_up_and_restarted_under_load():
         assert not load.failed, load.failed[:5]
         for proc in mesh.procs:
             assert proc.alive(), f"{proc.name} exited:\n{proc.output()[-3000:]}"
-        # KV routing follows the cache again: the frontend's index consumer opens itself again
-        # when the client reconnects (a restarted NATS can leave the ordered consumer stalled).
-        assert_recovered(mesh)
+        # KV routing follows the cache again and the replicas agree: every index consumer opens
+        # itself again when the client reconnects (a restarted NATS can leave an ordered consumer
+        # stalled).
+        assert_recovered(mesh, etcd)
     finally:
         if mesh:
             mesh.stop()
@@ -313,18 +402,18 @@ class Proxy:
 def test_a_worker_cut_off_from_etcd_past_its_lease_comes_back_and_its_kv_events_count_again():
     """Mocker 0 reaches etcd through a proxy the test cuts for longer than the lease TTL (10 s)
     but shorter than the registration grace (30 s), under load. Its records expire, so the
-    frontend stops routing to it and its in-process index publishes a worker-removed marker; once
-    the proxy is restored the worker's lease is granted again under the same id, the index
-    publishes a readmission, and KV routing follows the worker's new blocks again. No request
-    fails."""
+    frontend stops routing to it and the indexes publish a worker-removed marker; once the proxy
+    is restored the worker's lease is granted again under the same id, the indexes publish a
+    readmission, KV routing follows the worker's new blocks again, and the two indexer replicas
+    end with equal digests. No request fails."""
     etcd, nats = Server("etcd"), Server("nats")
     etcd.start()
     nats.start()
     proxy = Proxy(etcd.port)
     mesh = None
     try:
-        mesh = start_mesh(etcd, nats, worker_etcd=lambda i: proxy.url if i == 0 else etcd.url)
-        mockers, namespace = mesh.procs[1:], mesh.namespace
+        mesh = start_mesh(etcd, nats, worker_etcd=lambda i: proxy.url if i == 0 else etcd.url, indexers=2)
+        mockers, namespace = mesh.procs[1:3], mesh.namespace
         backends = f"/kvmesh/{namespace}/instances/backend/"
         before = set(etcd_keys(etcd, backends))
         assert len(before) == 2, before
@@ -343,29 +432,10 @@ def test_a_worker_cut_off_from_etcd_past_its_lease_comes_back_and_its_kv_events_
         assert not load.failed, load.failed[:5]
         assert "etcd lease granted again" in mockers[0].output()
         readmitted = int(cut_off.rsplit("/", 1)[1], 16)
-        other = int((before - {cut_off}).pop().rsplit("/", 1)[1], 16)
-
-        def complete(prompt, **nvext):
-            r = requests.post(f"{mesh.base_url}/v1/completions", timeout=30, json={
-                "model": "tiny", "prompt": prompt, "max_tokens": 2,
-                "nvext": {"extra_fields": ["worker_id"], **nvext}})
-            assert r.status_code == 200, r.text
-            return r.json()["nvext"]["worker_id"]["decode_worker_id"]
-
-        # Blocks each worker stores now reach the index, the readmitted one's included: a prefix
-        # first served (pinned) on each worker draws the requests that share it, whichever way
-        # the router breaks ties.
-        prefixes = {worker: [10 + (i * 7 + n * 101) % 200 for i in range(64)]
-                    for n, worker in enumerate((readmitted, other))}
-        for worker, prefix in prefixes.items():
-            assert complete(prefix + [11, 12], backend_instance_id=worker) == worker
-
-        def follows():
-            return all(complete(prefix + [uuid.uuid4().int % 200 + 10]) == worker
-                       for worker, prefix in prefixes.items())
-
-        wait_until(follows, timeout=10, what="each prefix routed to the worker holding it")
-        assert all(follows() for _ in range(3))
+        # Blocks each worker stores now reach the index, the readmitted one's included.
+        assert readmitted in worker_ids(etcd, mesh)
+        assert_each_prefix_follows_its_worker(mesh, worker_ids(etcd, mesh), seed=17)
+        assert_indexes_agree(mesh)
         for proc in mesh.procs:
             assert proc.alive(), f"{proc.name} exited:\n{proc.output()[-3000:]}"
     except BaseException:
