@@ -286,7 +286,10 @@ def test_kv_routing_through_nats_with_tls_and_credentials(pki, auth, monkeypatch
         refused = Proc("refused", ["kvmesh-mocker", "--model-path", str(TINY_MODEL), "--model-name", "tiny",
                                    "--discovery-backend", "file", "--tcp-rpc-port", str(free_port())],
                        {**wrong, **nats_tls_env(pki), "NATS_SERVER": f"nats://127.0.0.1:{server.port}"})
-        wait_until(lambda: not refused.alive(), timeout=30, what="the mocker with a wrong secret exiting")
+        try:
+            wait_until(lambda: not refused.alive(), timeout=30, what="the mocker with a wrong secret exiting")
+        finally:
+            refused.kill()
         assert refused.proc.returncode != 0
         assert "nats" in refused.output().lower(), refused.output()[-2000:]
         # Refused for its credentials (not for its certificate, say).
@@ -357,7 +360,10 @@ def test_discovery_through_etcd_with_tls_and_a_password(pki, monkeypatch):
         refused = Proc("refused", ["kvmesh-mocker", "--model-path", str(TINY_MODEL), "--model-name", "tiny",
                                    "--discovery-backend", "etcd", "--tcp-rpc-port", str(free_port())],
                        {**env, "ETCD_AUTH_PASSWORD": "wrong", "ETCD_ENDPOINTS": etcd.url})
-        wait_until(lambda: not refused.alive(), timeout=30, what="the mocker with a wrong password exiting")
+        try:
+            wait_until(lambda: not refused.alive(), timeout=30, what="the mocker with a wrong password exiting")
+        finally:
+            refused.kill()
         assert refused.proc.returncode != 0
         assert "etcd" in refused.output().lower(), refused.output()[-2000:]
     finally:
