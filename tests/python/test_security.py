@@ -131,6 +131,29 @@ def test_a_client_that_does_not_trust_the_ca_is_refused(edge):
         requests.get(f"http://127.0.0.1:{edge.port}/live", timeout=5)
 
 
+def test_stalled_tls_handshakes_are_dropped_at_their_deadline_while_others_are_served(edge, pki):
+    """Connections that open TCP and never send a ClientHello hold no one up: verified clients are
+    served meanwhile, and each stalled one is closed by the server at the 10 s handshake deadline
+    (crates/runtime/src/tls/accept.rs), not at once and not never."""
+    stalled = [socket.create_connection(("127.0.0.1", edge.port), timeout=5) for _ in range(32)]
+    began = time.monotonic()
+    try:
+        assert peer_certificate(edge.port, pki.pem)[0] == "h2"
+        assert requests.get(f"{edge.base_url}/live", verify=str(pki.pem), timeout=5).ok
+        for conn in stalled:
+            conn.settimeout(max(0.1, 20 - (time.monotonic() - began)))
+            try:
+                assert conn.recv(1) == b""
+            except ConnectionResetError:
+                pass
+        elapsed = time.monotonic() - began
+        assert 9.0 <= elapsed <= 16.0, elapsed
+        assert requests.get(f"{edge.base_url}/live", verify=str(pki.pem), timeout=5).ok
+    finally:
+        for conn in stalled:
+            conn.close()
+
+
 def test_kserve_over_tls_needs_the_key_for_inference(edge, pki):
     client = triton.InferenceServerClient(edge.grpc, ssl=True, root_certificates=str(pki.pem))
     assert client.is_server_live()
