@@ -327,11 +327,21 @@ mod tests {
         series.sample("m", &router);
         assert_eq!(series.get("m", "overlap_score_credit"), 1.0);
         assert_eq!(series.get("m", "prefill_load_scale"), 1.0);
-        router.with_core(|core, _| drive(core, 2000));
+        let learned = router.with_core(|core, _| {
+            drive(core, 2000);
+            core.learned_weights().unwrap()
+        });
         series.sample("m", &router);
         let credit = series.get("m", "overlap_score_credit");
-        assert!((credit - 4.0).abs() < 0.5, "credit {credit}");
-        assert!(series.get("m", "prefill_load_scale") > 1.0);
+        // A cached block saves its request 4 queued blocks' time; the learner adds the requests
+        // queued behind a prefill, so the credit moves up from the starting 1, past 4.
+        assert!(credit > 4.0, "credit {credit}");
+        assert_eq!(credit, learned.overlap_score_credit);
+        assert_eq!(
+            series.get("m", "prefill_load_scale"),
+            learned.prefill_load_scale
+        );
+        assert!(learned.prefill_load_scale > 1.0);
 
         let fixed = RouterCore::new(RouterConfig::with_mode(RouterMode::Kv), "f", 4, 1).unwrap();
         let fixed = SharedRouter::new(fixed, Arc::new(ManualClock::new(Duration::ZERO)));
