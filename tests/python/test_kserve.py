@@ -24,7 +24,7 @@ import tritonclient.grpc.service_pb2 as pb
 import tritonclient.grpc.service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
 
-from conftest import BIN_DIR, free_port, start_distributed, wait_until
+from conftest import BIN_DIR, Proc, free_port, start_distributed, wait_until
 from test_admission import start_up as start_up_http
 from test_distributed import worker_load
 
@@ -123,6 +123,13 @@ def test_unary_infer_with_and_without_parameters(kserve_mesh):
         "min_tokens": 1, "frequency_penalty": 0.1, "presence_penalty": 0.1, "stop": "zzzz-never"})
     assert tuned.as_numpy("finish_reason")[0] == b"length"
     assert params(tuned)["completion_tokens"] == 3
+    # A stop string the greedy answer contains ends it there (finish `stop`, the text before it).
+    greedy = {"max_tokens": 24, "ignore_eos": True, "temperature": 0.0}
+    full = client.infer("tiny", text_inputs("Hello there"), parameters=greedy).as_numpy("text_output")[0].decode()
+    word = full.split()[2]
+    stopped = client.infer("tiny", text_inputs("Hello there"), parameters={**greedy, "stop": word})
+    assert stopped.as_numpy("finish_reason")[0] == b"stop"
+    assert stopped.as_numpy("text_output")[0].decode() == full[:full.index(word)]
     with pytest.raises(InferenceServerException) as bad:
         client.infer("tiny", text_inputs("x"), parameters={"max_tokens": "three"})
     assert bad.value.status() == "StatusCode.INVALID_ARGUMENT" and "max_tokens" in bad.value.message()
@@ -278,14 +285,44 @@ def test_typed_contents_from_a_raw_grpcio_stub_get_typed_outputs(kserve_mesh):
 
 def test_sixty_four_requests_on_one_stream_all_complete_in_order(up_mesh):
     client = triton.InferenceServerClient(up_mesh.grpc)
+    greedy = {"max_tokens": 8, "ignore_eos": True, "temperature": 0.0}
     by_id, errors = stream_all(client, [
-        (f"r{i}", text_inputs(f"request number {i}", True), {"max_tokens": 5, "ignore_eos": True}) for i in range(64)])
+        (f"r{i}", text_inputs(f"request number {i}", True), greedy) for i in range(64)])
     assert not errors
     assert sorted(by_id) == sorted(f"r{i}" for i in range(64))
     for request_id, responses in by_id.items():
         finishes = [finish for _, finish, _ in responses]
         assert finishes.count("length") == 1 and finishes[-1] == "length", (request_id, finishes)
-        assert responses[-1][2]["completion_tokens"] == 5
+        assert responses[-1][2]["completion_tokens"] == 8
+    # Each request's deltas arrive in order: joined, they are its unary (greedy) answer.
+    for i in (0, 17, 63):
+        unary = client.infer("tiny", text_inputs(f"request number {i}"), parameters=greedy)
+        assert "".join(text for text, _, _ in by_id[f"r{i}"]) == unary.as_numpy("text_output")[0].decode()
+
+
+def test_a_stream_runs_at_most_its_concurrency_and_queues_the_rest():
+    mesh = start_distributed("etcd", mocker_args=("--decode-speedup-ratio", "0.01"), kserve=True,
+                             frontend_args=("--kserve-stream-concurrency", "2"))
+    try:
+        peak, done = [0], [False]
+
+        def watch():
+            while not done[0]:
+                peak[0] = max(peak[0], sum(worker_load(a).num_running for a in mesh.worker_rpc))
+                time.sleep(0.02)
+        watcher = ThreadPoolExecutor(max_workers=1).submit(watch)
+        client = triton.InferenceServerClient(mesh.grpc)
+        # Six requests of about 0.9 s each written at once: two run, the rest wait their turn.
+        by_id, errors = stream_all(client, [
+            (f"c{i}", text_inputs(f"queued request {i}", False), {"max_tokens": 150, "ignore_eos": True})
+            for i in range(6)], timeout=60)
+        done[0] = True
+        watcher.result()
+        assert not errors and sorted(by_id) == [f"c{i}" for i in range(6)]
+        assert all(responses[-1][1] == "length" for responses in by_id.values())
+        assert peak[0] == 2, peak[0]
+    finally:
+        mesh.stop()
 
 
 def test_a_stream_runs_its_requests_concurrently():
@@ -352,6 +389,13 @@ def test_usage_and_routing_hints_travel_as_parameters(up_mesh):
             result = client.infer("tiny", text_inputs("pinned"), parameters={
                 "max_tokens": 2, "x-dynamo-worker-instance-id": str(target), "x-dynamo-request-priority": 2})
             assert params(result)["worker_id"] == target
+    # A prompt sent twice to one worker: the second finds its blocks cached.
+    long_prompt = " ".join(f"cached{i}" for i in range(120))
+    pinned = {"max_tokens": 2, "x-dynamo-worker-instance-id": str(min(ids))}
+    first = params(client.infer("tiny", text_inputs(long_prompt), parameters=pinned))
+    second = params(client.infer("tiny", text_inputs(long_prompt), parameters=pinned))
+    assert second["prompt_tokens"] == first["prompt_tokens"]
+    assert first["cached_tokens"] < second["cached_tokens"] <= second["prompt_tokens"]
     expect_status("UNAVAILABLE", lambda: client.infer(
         "tiny", text_inputs("x"), parameters={"x-dynamo-worker-instance-id": "12345"}))
     message = expect_status("INVALID_ARGUMENT", lambda: client.infer(
@@ -412,6 +456,13 @@ def test_a_model_follows_its_workers_in_model_ready():
         assert not client.is_server_ready()
         # Listed for its grace period without a worker: UNAVAILABLE, not NOT_FOUND.
         expect_status("UNAVAILABLE", lambda: client.infer("tiny", text_inputs("x")))
+        # A worker registering again brings the model back.
+        env = {"DYN_DISCOVERY_BACKEND": "etcd", "ETCD_ENDPOINTS": os.environ["ETCD_ENDPOINTS"],
+               "NATS_SERVER": os.environ["NATS_SERVER"]}
+        mesh.procs.append(Proc("mocker-again", list(mesh.procs[1].proc.args), env))
+        wait_until(lambda: client.is_model_ready("tiny"), timeout=30, what="the model is ready again")
+        assert client.is_server_ready()
+        assert params(client.infer("tiny", text_inputs("back"), parameters={"max_tokens": 2}))["completion_tokens"] == 2
     finally:
         mesh.stop()
 

@@ -129,6 +129,20 @@ fn parameters_map_to_the_completions_request() {
             "stop".into(),
             parameter(ParameterChoice::StringParam("\n".into())),
         ),
+        ("top_p".into(), parameter(ParameterChoice::DoubleParam(0.9))),
+        ("seed".into(), parameter(ParameterChoice::Int64Param(42))),
+        (
+            "min_tokens".into(),
+            parameter(ParameterChoice::Int64Param(2)),
+        ),
+        (
+            "frequency_penalty".into(),
+            parameter(ParameterChoice::DoubleParam(0.25)),
+        ),
+        (
+            "presence_penalty".into(),
+            parameter(ParameterChoice::DoubleParam(-0.5)),
+        ),
         (
             "unrelated".into(),
             parameter(ParameterChoice::BoolParam(true)),
@@ -143,6 +157,11 @@ fn parameters_map_to_the_completions_request() {
     assert_eq!(completion.top_k, Some(3));
     assert_eq!(completion.ignore_eos, Some(true));
     assert_eq!(completion.stop, Some(Stop::One("\n".into())));
+    assert_eq!(completion.top_p, Some(0.9));
+    assert_eq!(completion.seed, Some(42));
+    assert_eq!(completion.min_tokens, Some(2));
+    assert_eq!(completion.frequency_penalty, Some(0.25));
+    assert_eq!(completion.presence_penalty, Some(-0.5));
     assert_eq!(completion.user.as_deref(), Some("req-1"));
 
     request.parameters = HashMap::from([(
@@ -164,7 +183,7 @@ fn outputs_take_the_form_of_the_inputs() {
     let usage = TokenUsage {
         prompt_tokens: 3,
         completion_tokens: 2,
-        cached_tokens: 0,
+        cached_tokens: 1,
     };
     let raw = response(
         &request.model_name,
@@ -186,6 +205,14 @@ fn outputs_take_the_form_of_the_inputs() {
     assert_eq!(
         raw.parameters["completion_tokens"].parameter_choice,
         Some(ParameterChoice::Int64Param(2))
+    );
+    assert_eq!(
+        raw.parameters["prompt_tokens"].parameter_choice,
+        Some(ParameterChoice::Int64Param(3))
+    );
+    assert_eq!(
+        raw.parameters["cached_tokens"].parameter_choice,
+        Some(ParameterChoice::Int64Param(1))
     );
     let typed = response(&request.model_name, &request.id, "ok", "", None, false);
     assert!(typed.raw_output_contents.is_empty());
