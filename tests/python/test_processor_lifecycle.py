@@ -7,7 +7,6 @@ import json
 import re
 import threading
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
@@ -138,48 +137,132 @@ def test_a_client_that_leaves_cancels_the_worker():
         mesh.stop()
 
 
-def start_host(mesh, name):
+def start_host(mesh, name, processor="seed_processor:provider"):
     env = {"DYN_DISCOVERY_BACKEND": "etcd", "ETCD_ENDPOINTS": require_env("ETCD_ENDPOINTS"),
            "NATS_SERVER": require_env("NATS_SERVER"), **python_env()}
     port = free_port()
     host = Proc(name, ["kvmesh-processor-host", "--namespace", mesh.namespace, "--dyn-chat-processor",
-                       "seed_processor:provider", "--tcp-rpc-port", str(port)], env)
+                       processor, "--tcp-rpc-port", str(port)], env)
     host.port = port
     mesh.procs.append(host)
     return host
 
 
-def test_a_second_host_takes_over_from_a_killed_one():
-    mesh = start_distributed("etcd", python_env(), num_workers=2, speedup="2", frontend_args=(
-        "--dyn-chat-processor", "seed_processor:provider", "--spawn-processor-host", "false"))
+def start_two_hosts(speedup="100"):
+    """A frontend that starts no host of its own, two mockers and two hosts of the lifecycle
+    processor, both serving; returns (mesh, first host, second host)."""
+    mesh = start_distributed("etcd", python_env(), num_workers=2, speedup=speedup, frontend_args=(
+        "--dyn-chat-processor", "lifecycle_processor:provider", "--spawn-processor-host", "false"))
     try:
-        first, second = start_host(mesh, "host-a"), start_host(mesh, "host-b")
-        # Requests alternate between the hosts: four answers in a row mean both built their engine.
-        wait_until(lambda: all(chat(mesh, "ready?").status_code == 200 for _ in range(4)), timeout=30,
-                   what="both hosts serving")
+        first, second = start_host(mesh, "host-a", "lifecycle_processor:provider"), \
+            start_host(mesh, "host-b", "lifecycle_processor:provider")
 
-        def one(_):
-            r = chat(mesh, "tell me something", max_tokens=24)
-            return r.status_code
+        def both_serving():
+            # Requests alternate between the hosts the frontend knows: four answers in a row, with
+            # both hosts counted, mean both are known and both built their engine.
+            answers = [chat(mesh, "whoami").status_code for _ in range(4)]
+            served = served_by_host(mesh)
+            return answers == [200] * 4 and host_counter(served, first) and host_counter(served, second)
 
-        # Load on both hosts, then one dies mid-load.
-        with ThreadPoolExecutor(8) as pool:
-            running = [pool.submit(one, i) for i in range(16)]
-            killer = threading.Timer(0.3, first.kill)
-            killer.start()
-            statuses = [f.result() for f in running]
-        # The load may finish before the kill on a fast machine: what follows needs the host dead.
-        killer.join()
-        assert not first.alive()
-        assert statuses.count(200) >= 8, statuses
-        # Every request sent after the kill is served by the survivor.
+        wait_until(both_serving, timeout=30, what="both hosts serving")
+    except BaseException:
+        mesh.print_logs()
+        mesh.stop()
+        raise
+    return mesh, first, second
+
+
+def host_counter(served, host):
+    """`kvmesh_processor_requests_total` of `host` (its series is labelled with its address)."""
+    return sum(n for address, n in served.items() if address.endswith(f":{host.port}"))
+
+
+class HostStream:
+    """One streaming chat request to the lifecycle processor, read on its own thread: `host` is the
+    pid the processor names in its first chunk (the host that started the request), `ok` is None
+    while it runs, then whether it ended normally ([DONE] after a `length` finish, no error)."""
+
+    def __init__(self, mesh, max_tokens):
+        self.host = None
+        self.ok = None
+        self.detail = ""
+        self._thread = threading.Thread(target=self._run, args=(mesh, max_tokens), daemon=True)
+        self._thread.start()
+
+    def _run(self, mesh, max_tokens):
+        finish, done, error = None, False, None
+        try:
+            with requests.post(f"{mesh.base_url}/v1/chat/completions", stream=True, timeout=60, json={
+                    "model": "tiny", "messages": [{"role": "user", "content": "host, tell me something"}],
+                    "max_tokens": max_tokens, "stream": True}) as r:
+                if r.status_code != 200:
+                    error = f"status {r.status_code}: {r.text[:200]}"
+                for line in r.iter_lines() if error is None else ():
+                    if line == b"data: [DONE]":
+                        done = True
+                    elif line.startswith(b"data: {"):
+                        event = json.loads(line[6:])
+                        if "error" in event:
+                            error = json.dumps(event)[:200]
+                        for choice in event.get("choices") or ():
+                            named = re.search(r"\[host (\d+)\]", choice["delta"].get("content") or "")
+                            if named and self.host is None:
+                                self.host = int(named.group(1))
+                            finish = choice.get("finish_reason") or finish
+        except requests.RequestException as e:
+            error = repr(e)
+        self.detail = error or f"finish={finish} done={done}"
+        self.ok = error is None and done and finish == "length"
+
+    def join(self):
+        self._thread.join(timeout=90)
+        assert self.ok is not None, "the stream did not end"
+        return self
+
+
+def test_two_live_hosts_share_the_load():
+    mesh, first, second = start_two_hosts()
+    try:
+        before = served_by_host(mesh)
+        streams = [HostStream(mesh, 3).join() for _ in range(10)]
+        assert all(s.ok for s in streams), [s.detail for s in streams]
+        after = served_by_host(mesh)
+        # Round robin: one after another, the requests alternate between the two hosts.
+        assert host_counter(after, first) - host_counter(before, first) == 5, (before, after)
+        assert host_counter(after, second) - host_counter(before, second) == 5, (before, after)
+        assert [s.host for s in streams[:2]] in ([first.proc.pid, second.proc.pid],
+                                                 [second.proc.pid, first.proc.pid]), [s.host for s in streams]
+        assert all(s.host == streams[i % 2].host for i, s in enumerate(streams)), [s.host for s in streams]
+    finally:
+        mesh.stop()
+
+
+def test_a_second_host_takes_over_from_a_killed_one():
+    # Slow mockers: a 30-token answer takes about two seconds, so the kill lands while every
+    # request of the first wave is still streaming (checked just before it).
+    mesh, first, second = start_two_hosts(speedup="0.1")
+    try:
+        wave = [HostStream(mesh, 30) for _ in range(8)]
+        wait_until(lambda: all(s.host for s in wave), timeout=20, what="every request started on a host")
+        killed, survivor = first.proc.pid, second.proc.pid
+        assert {s.host for s in wave} == {killed, survivor}, [s.host for s in wave]
+        assert all(s.ok is None for s in wave), "the load outlasts the kill"
+        first.kill()
+        # Sent at once, while discovery may still list the dead host: none of these had started on
+        # it, so none may fail, and the survivor serves them all.
         served = served_by_host(mesh)
-        after = [chat(mesh, "tell me something", max_tokens=24) for _ in range(12)]
-        assert [r.status_code for r in after] == [200] * 12, [(r.status_code, r.text[:200]) for r in after]
+        after = [HostStream(mesh, 4) for _ in range(6)]
+        for s in wave + after:
+            s.join()
+        on_killed = [s for s in wave if s.host == killed]
+        # The requests running on the killed host are the ones, and the only ones, that fail.
+        assert on_killed and not any(s.ok for s in on_killed), [s.detail for s in on_killed]
+        assert all(s.ok for s in wave if s.host == survivor), [(s.host, s.detail) for s in wave]
+        assert all(s.ok and s.host == survivor for s in after), [(s.host, s.detail) for s in after]
+        # Every request sent after the kill is counted on the survivor alone.
         now = served_by_host(mesh)
-        survivor = [host for host in now if host.endswith(f":{second.port}")]
-        assert len(survivor) == 1 and now[survivor[0]] - served.get(survivor[0], 0) == 12, (served, now)
-        assert second.alive()
+        assert host_counter(now, second) - host_counter(served, second) == len(after), (served, now)
+        assert second.alive() and not first.alive()
     finally:
         mesh.stop()
 

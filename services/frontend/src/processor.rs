@@ -111,6 +111,20 @@ impl ProcessorHosts {
         self.hosts.is_empty()
     }
 
+    /// The live hosts in the order one request tries them: the next in turn first, then each
+    /// other once. One snapshot and one turn per request: with a fresh turn per try, requests
+    /// running at the same time could move the turn on between one request's tries and send its
+    /// retry back to the host that just failed it.
+    fn in_turn(&self) -> impl Iterator<Item = Host> + Send + use<> {
+        let hosts = self.hosts.load();
+        let turn = if hosts.is_empty() {
+            0
+        } else {
+            self.next.fetch_add(1, Ordering::Relaxed)
+        };
+        (0..hosts.len()).map(move |i| hosts[(turn + i) % hosts.len()].clone())
+    }
+
     /// The next host in turn, if any is live.
     fn pick(&self) -> Option<Host> {
         let hosts = self.hosts.load();

@@ -2,9 +2,12 @@
 options); its engine answers "whoami" with what it was built with (the factory call, the card's
 KV block size) and what its context holds (ids, trace), and otherwise serves like the seed
 processor, optionally wrapping each chunk in Dynamo's annotated envelope with token counts that
-add `input_bonus` to the prompt's (so a test can tell reported counts from the frontend's own)."""
+add `input_bonus` to the prompt's (so a test can tell reported counts from the frontend's own).
+A message starting "host" is answered like any other after a first chunk naming the host process
+(`[host <pid>]`), so a streaming client knows which of several hosts serves it."""
 import asyncio
 import json
+import os
 import time
 
 from dynamo.llm import PythonAsyncEngine
@@ -38,6 +41,8 @@ def provider(config, options):
                         "span_id": context.span_id, "parent_span_id": context.parent_span_id}
                 yield _chunk(request, json.dumps(info), "stop")
                 return
+            if request["messages"][-1]["content"].startswith("host"):
+                yield _chunk(request, f"[host {os.getpid()}]")
             output_tokens = 0
             async for chunk in seed.generate(request, context):
                 if bonus is None:

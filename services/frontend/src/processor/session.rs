@@ -234,8 +234,7 @@ async fn open(
         message: format!("no live chat processor host for {:?}", hosts.processor()),
     };
     let mut last_failure = None;
-    for _ in 0..hosts.len().max(1) {
-        let host = hosts.pick().ok_or_else(no_host)?;
+    for host in hosts.in_turn() {
         let (up, up_rx) = mpsc::channel(UP_QUEUE);
         up.send(ProcessUp {
             kind: Some(process_up::Kind::Start(start.clone())),
