@@ -151,7 +151,11 @@ def test_an_installed_entry_point_processor_runs_and_unknown_names_list_it():
 
 @pytest.fixture(scope="module")
 def errors_mesh():
-    mesh = start_processor_mesh("errors_processor:provider", ("--enable-anthropic-api",), num_workers=1)
+    # The worker's fault file is absent (no fault) unless a test writes it.
+    fault_file = Path(tempfile.mkdtemp(prefix="kvmesh-processor-fault-")) / "fault"
+    mesh = start_processor_mesh("errors_processor:provider", ("--enable-anthropic-api",), num_workers=1,
+                                mocker_args=("--fault-file", str(fault_file)))
+    mesh.fault_file = fault_file
     yield mesh
     mesh.stop()
 
@@ -159,6 +163,7 @@ def errors_mesh():
 @pytest.mark.parametrize("command,status,shown,hidden", [
     ("invalid", 400, "the request is not acceptable here", None),
     ("http418", 418, "I'm a teapot", "secret-418"),
+    ("http503", 503, "Service Unavailable", "secret-503"),
     ("http529", 529, "Overloaded", "secret-529"),
     ("http502", 500, "Internal Server Error", "secret-502"),
     ("value", 400, "a value problem", None),
@@ -182,6 +187,20 @@ def test_each_row_of_the_error_table(errors_mesh, command, status, shown, hidden
         assert shown in body["error"]["message"]
     if hidden:
         assert hidden not in r.text
+
+
+def test_a_workers_own_error_reaches_the_client_with_the_workers_status(errors_mesh):
+    # The worker fails the call itself (an internal error): the processor sees a RoutedEngineError
+    # with that code, and re-raised it answers the status the code maps to, 500, not the 400 of
+    # the ValueError it also is.
+    errors_mesh.fault_file.write_text("fail")
+    try:
+        r = chat(errors_mesh, "worker-error-reraised")
+    finally:
+        errors_mesh.fault_file.unlink()
+    assert r.status_code == 500, r.text
+    assert r.headers.get("x-routed-error-code") == "internal", (r.headers, r.text)
+    assert chat(errors_mesh, "hello").status_code == 200, "the worker serves again without its fault"
 
 
 def test_a_processor_sets_a_header_on_a_unary_response(errors_mesh):

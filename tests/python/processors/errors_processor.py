@@ -18,6 +18,7 @@ def _chunk(request, text, finish=None):
 RAISES = {
     "invalid": lambda: InvalidArgument("the request is not acceptable here"),
     "http418": lambda: HttpError(418, "secret-418 detail"),
+    "http503": lambda: HttpError(503, "secret-503 detail"),
     "http529": lambda: HttpError(529, "secret-529 detail"),
     "http502": lambda: HttpError(502, "secret-502 detail"),
     "value": lambda: ValueError("a value problem"),
@@ -78,6 +79,19 @@ class ErrorsEngine:
                 assert isinstance(error, ValueError) and error.code == "unavailable", error.code
                 raise
             return
+        if command == "worker-error-reraised":
+            # A plain request the worker itself fails (its fault file says so): the error's code
+            # rides out in a header, so the test knows the processor saw a RoutedEngineError.
+            preprocessed = {"model": request["model"], "token_ids": [1, 2, 3, 4],
+                            "stop_conditions": {"max_tokens": 2}}
+            try:
+                stream = await self._routed_engine.generate(preprocessed, context=context)
+                async for _ in stream:
+                    pass
+            except RoutedEngineError as error:
+                context.set_response_header("x-routed-error-code", error.code)
+                raise
+            raise HttpError(418, "the worker did not fail")
         if command == "slow":
             # Streams one token at a time until the client goes away.
             preprocessed = {"model": request["model"], "token_ids": [1, 2, 3, 4],
