@@ -8,20 +8,30 @@
 //! chosen rank's queued prefill blocks `q`, the request's own uncached blocks `u` and the rank's
 //! active decode blocks `d` at routing time. An exponentially forgetting least-squares fit of
 //! `ttft ≈ c + a·q + b·u + δ·d` gives the exchange rates in time units: a cached block saves
-//! its own request `b`, a queued prefill block costs `a`, a decode block `δ`; so `scale = a / δ`.
+//! its own request `b`, a queued prefill block costs `a`, a decode block `δ`.
 //! A block that must be prefilled also delays every request that queues behind it on that
 //! worker: by Little's law about as many as are queued ahead of a request on average, which is
 //! `ρ = E[q] / E[u]` requests (queued blocks over a request's own uncached blocks, from the same
 //! forgetting sums). Counting that delay, a cached block is worth `credit = (b / a)·(1 + ρ)`
 //! queued blocks: near `b / a` when queues are short, several times it under load, which is
-//! where keeping a conversation on the worker that holds it pays most. The fixed
-//! flags are the starting point; the learned values are clamped to the range the benchmark
-//! sweeps and moved in quarter-octave steps with hysteresis, so the weights change (and are
-//! logged) only when the evidence moves them.
+//! where keeping a conversation on the worker that holds it pays most.
+//!
+//! A prefill also stalls the decode of every request running on its worker (their steps share
+//! its passes), which the first-token fit cannot see. A second fit of each completed request's
+//! decode time (first token to end) on the same features gives `α'`, the decode seconds a
+//! queued prefill block adds to a request decoding beside it. Decode seconds count at
+//! `w = E[ttft] / E[decode]` first-token seconds, so that a phase's relative slowdown weighs the
+//! same in either. A queued block then costs `A = a + w·α'`, and a cached block saves
+//! `b·(1 + ρ) + n·w·α'`, `n` the mean number of requests already on the chosen rank at routing:
+//! `credit = (b·(1 + ρ) + n·w·α') / A` and `scale = A / δ`.
+//!
+//! The fixed flags are the starting point; the learned values are clamped to the range the
+//! benchmark sweeps and moved in quarter-octave steps with hysteresis, so the weights change
+//! (and are logged) only when the evidence moves them.
 //!
 //! Replicas converge without new messages: replica sync already carries every request's routing
-//! (with its uncached tokens) and first token, and a replica reads `q` and `d` from its own
-//! mirror of the load, so all replicas fit the same observations.
+//! (with its uncached tokens), first token and end, and a replica reads `q`, `d` and `n` from its
+//! own mirror of the load, so all replicas fit the same observations.
 //!
 //! Cache affinity can concentrate requests on a few workers; in `auto` mode a rank that has
 //! received more than [`MAX_REQUEST_SHARE`] × the mean of the recent requests (own and synced,
@@ -64,6 +74,10 @@ const FORGET: f64 = 1.0 - 1.0 / 2048.0;
 const COUNT_WINDOW_PER_RANK: f64 = 64.0;
 /// Requests a rank may be ahead of the mean before the share cap applies at all.
 const COUNT_SLACK: f64 = 2.0;
+/// Standard errors taken off the decode fit's slope: a decode stall counts only as far as the
+/// observations show it beyond their noise (decode times vary with output lengths the router
+/// does not know).
+const EVIDENCE_SDS: f64 = 2.0;
 /// Weights move in steps of 2^(1/4).
 const STEPS_PER_OCTAVE: f64 = 4.0;
 /// A weight moves once its fitted value is this many steps away from the current one: 0.1 step
@@ -86,6 +100,65 @@ pub struct LearnedWeights {
 struct Pending {
     routed_at: Duration,
     features: [f64; 4],
+    /// Requests already on the rank.
+    running: f64,
+}
+
+/// A request between its first token and its end.
+#[derive(Debug, Clone, Copy)]
+struct Decoding {
+    first_token_at: Duration,
+    features: [f64; 4],
+}
+
+/// An exponentially forgetting least-squares fit of one time against the routing features.
+#[derive(Debug, Default)]
+struct Fit {
+    /// Σ w·x·xᵀ, Σ w·x·y and Σ w·y², w decaying by [`FORGET`].
+    xx: [[f64; 4]; 4],
+    xy: [f64; 4],
+    yy: f64,
+}
+
+impl Fit {
+    fn add(&mut self, x: &[f64; 4], y: f64) {
+        for (i, row) in self.xx.iter_mut().enumerate() {
+            for (j, cell) in row.iter_mut().enumerate() {
+                *cell = *cell * FORGET + x[i] * x[j];
+            }
+            self.xy[i] = self.xy[i] * FORGET + x[i] * y;
+        }
+        self.yy = self.yy * FORGET + y * y;
+    }
+
+    /// Coefficient `i` less [`EVIDENCE_SDS`] standard errors, at least zero: the part of a
+    /// slope the observations show beyond their noise.
+    fn evident_slope(&self, i: usize) -> Option<f64> {
+        let beta = self.solve()?;
+        let count = self.xx[0][0];
+        if count <= 8.0 {
+            return None;
+        }
+        let explained: f64 = beta.iter().zip(&self.xy).map(|(b, xy)| b * xy).sum();
+        let variance = ((self.yy - explained) / (count - 4.0)).max(0.0);
+        let mut unit = [0.0; 4];
+        unit[i] = 1.0;
+        let spread = solve(&self.xx, &unit)?[i].max(0.0);
+        Some((beta[i] - EVIDENCE_SDS * (variance * spread).sqrt()).max(0.0))
+    }
+
+    /// The forgetting mean of the fitted time (the first feature is the constant 1).
+    fn mean(&self) -> f64 {
+        if self.xx[0][0] > 0.0 {
+            self.xy[0] / self.xx[0][0]
+        } else {
+            0.0
+        }
+    }
+
+    fn solve(&self) -> Option<[f64; 4]> {
+        solve(&self.xx, &self.xy)
+    }
 }
 
 /// The learner of one router (see the module docs).
@@ -93,10 +166,14 @@ struct Pending {
 pub(crate) struct Adaptive {
     weights: LearnedWeights,
     learns_credit: bool,
-    /// Σ w·x·xᵀ and Σ w·x·y over the observations, w decaying by [`FORGET`].
-    xx: [[f64; 4]; 4],
-    xy: [f64; 4],
+    /// Time to first token against the features.
+    ttft: Fit,
+    /// Time from first token to the end against the same features.
+    decode: Fit,
+    /// Forgetting sum of the requests already on the chosen rank, over the first tokens.
+    running_sum: f64,
     pending: HashMap<ReqKey, Pending>,
+    decoding: HashMap<ReqKey, Decoding>,
     /// Recent requests per rank, in units of `growth` (lazy exponential decay).
     counts: HashMap<WorkerKey, f64>,
     growth: f64,
@@ -113,9 +190,11 @@ impl Adaptive {
                 num_observations: 0,
             },
             learns_credit: credit > 0.0,
-            xx: [[0.0; 4]; 4],
-            xy: [0.0; 4],
+            ttft: Fit::default(),
+            decode: Fit::default(),
+            running_sum: 0.0,
             pending: HashMap::new(),
+            decoding: HashMap::new(),
             counts: HashMap::new(),
             growth: 1.0,
         }
@@ -127,15 +206,15 @@ impl Adaptive {
     }
 
     /// A request was routed to `worker` (by this router or a replica): `queued_tokens` of
-    /// prefill were already waiting there, it brings `uncached_tokens` of its own, and the rank
-    /// held `decode_blocks`.
+    /// prefill were already waiting there, it brings `uncached_tokens` of its own, the rank
+    /// held `decode_blocks` and `running` requests.
     pub fn on_routed(
         &mut self,
         key: ReqKey,
         worker: WorkerKey,
         now: Duration,
         block_size: u32,
-        (queued_tokens, uncached_tokens, decode_blocks): (u64, u64, u64),
+        (queued_tokens, uncached_tokens, decode_blocks, running): (u64, u64, u64, u32),
     ) {
         let block = f64::from(block_size.max(1));
         let features = [
@@ -149,6 +228,7 @@ impl Adaptive {
             Pending {
                 routed_at: now,
                 features,
+                running: f64::from(running),
             },
         );
         self.count(worker);
@@ -159,13 +239,15 @@ impl Adaptive {
     pub fn on_first_token(&mut self, key: &ReqKey, now: Duration) -> Option<LearnedWeights> {
         let pending = self.pending.remove(key)?;
         let ttft = now.saturating_sub(pending.routed_at).as_secs_f64();
-        let x = pending.features;
-        for (i, row) in self.xx.iter_mut().enumerate() {
-            for (j, cell) in row.iter_mut().enumerate() {
-                *cell = *cell * FORGET + x[i] * x[j];
-            }
-            self.xy[i] = self.xy[i] * FORGET + x[i] * ttft;
-        }
+        self.ttft.add(&pending.features, ttft);
+        self.running_sum = self.running_sum * FORGET + pending.running;
+        self.decoding.insert(
+            key.clone(),
+            Decoding {
+                first_token_at: now,
+                features: pending.features,
+            },
+        );
         self.weights.num_observations += 1;
         if self.weights.num_observations < MIN_OBSERVATIONS {
             return None;
@@ -173,14 +255,26 @@ impl Adaptive {
         self.refit()
     }
 
-    /// The request ended or was replaced without a first token being seen.
-    pub fn forget(&mut self, key: &ReqKey) {
+    /// The request completed: its decode time is one observation of the decode fit.
+    pub fn on_completed(&mut self, key: &ReqKey, now: Duration) {
         self.pending.remove(key);
+        if let Some(decoding) = self.decoding.remove(key) {
+            let decode = now.saturating_sub(decoding.first_token_at).as_secs_f64();
+            self.decode.add(&decoding.features, decode);
+        }
     }
 
-    /// Drops requests routed before `cutoff` whose first token never came.
+    /// The request ended without completing, or was replaced.
+    pub fn forget(&mut self, key: &ReqKey) {
+        self.pending.remove(key);
+        self.decoding.remove(key);
+    }
+
+    /// Drops requests routed before `cutoff` whose first token never came, and those decoding
+    /// since before it whose end never came.
     pub fn expire(&mut self, cutoff: Duration) {
         self.pending.retain(|_, p| p.routed_at > cutoff);
+        self.decoding.retain(|_, d| d.first_token_at > cutoff);
     }
 
     /// Which candidates are within the request-share cap (all of them when none would be).
@@ -212,23 +306,40 @@ impl Adaptive {
         }
     }
 
-    /// Solves the fit and moves the weights when the fitted values left the hysteresis band.
+    /// Solves the fits and moves the weights when the fitted values left the hysteresis band.
     fn refit(&mut self) -> Option<LearnedWeights> {
-        let beta = solve(&self.xx, &self.xy)?;
-        let (a, b, delta) = (beta[1], beta[2], beta[3]);
+        let [_, a, b, delta] = self.ttft.solve()?;
+        let costs = self.decode_costs();
+        // In time-to-first-token seconds, a queued block costs this request `a` and, through
+        // the prefill passes its decode shares, `w·α'`.
+        let queued = a + costs.weight * costs.queued;
         let mut moved = false;
         if self.learns_credit && a > 0.0 && b > 0.0 {
             // Σw·q and Σw·u: the first row of the weighted Gram matrix.
-            let queued_behind = if self.xx[0][2] > 0.0 {
-                self.xx[0][1] / self.xx[0][2]
+            let queued_behind = if self.ttft.xx[0][2] > 0.0 {
+                self.ttft.xx[0][1] / self.ttft.xx[0][2]
             } else {
                 0.0
             };
-            let credit = (b / a * (1.0 + queued_behind)).clamp(MIN_CREDIT, MAX_CREDIT);
+            let running = if self.ttft.xx[0][0] > 0.0 {
+                self.running_sum / self.ttft.xx[0][0]
+            } else {
+                0.0
+            };
+            // A cached block saves its request `b`, the requests queued behind it `ρ·b`, and
+            // each request decoding on the rank the prefill pass it would have shared.
+            let saved = b * (1.0 + queued_behind) + running * costs.weight * costs.queued;
+            let credit = (saved / queued).clamp(MIN_CREDIT, MAX_CREDIT);
             moved |= step(&mut self.weights.overlap_score_credit, credit);
         }
         if a > 0.0 {
-            let scale = if delta > 0.0 { a / delta } else { MAX_SCALE };
+            // A decode block costs `δ`. Its decode-fit term is left out: counted, it lowered the
+            // scale on every workload and cost goodput (docs/benchmarks.md, issue 17 figures).
+            let scale = if delta > 0.0 {
+                queued / delta
+            } else {
+                MAX_SCALE
+            };
             moved |= step(
                 &mut self.weights.prefill_load_scale,
                 scale.clamp(MIN_SCALE, MAX_SCALE),
@@ -236,6 +347,35 @@ impl Adaptive {
         }
         moved.then_some(self.weights)
     }
+
+    /// What the decode fit says, once it rests on enough completions (zeros before).
+    fn decode_costs(&self) -> DecodeCosts {
+        let none = DecodeCosts::default();
+        if self.decode.xx[0][0] < MIN_OBSERVATIONS as f64 {
+            return none;
+        }
+        let Some(queued) = self.decode.evident_slope(1) else {
+            return none;
+        };
+        let mean_decode = self.decode.mean();
+        if mean_decode <= 0.0 {
+            return none;
+        }
+        DecodeCosts {
+            weight: self.ttft.mean() / mean_decode,
+            queued,
+        }
+    }
+}
+
+/// How routing features lengthen a request's decode, and what decode time is worth.
+#[derive(Debug, Default, Clone, Copy)]
+struct DecodeCosts {
+    /// A second of decode in seconds of time to first token: mean TTFT over mean decode time,
+    /// so that each phase's relative slowdown counts alike.
+    weight: f64,
+    /// Decode seconds per queued prefill block at routing (`α'`).
+    queued: f64,
 }
 
 /// Moves `current` to `target` rounded to the step grid when `target` is more than the
@@ -258,11 +398,14 @@ fn solve(xx: &[[f64; 4]; 4], xy: &[f64; 4]) -> Option<[f64; 4]> {
     if !(trace.is_finite() && trace > 0.0) {
         return None;
     }
-    let ridge = trace * 1e-9;
+    // Not on the intercept: a ridge there would shift the mean time onto the slopes.
+    let ridge = trace * 1e-12;
     let mut m = [[0.0; 5]; 4];
     for i in 0..4 {
         m[i][..4].copy_from_slice(&xx[i]);
-        m[i][i] += ridge;
+        if i > 0 {
+            m[i][i] += ridge;
+        }
         m[i][4] = xy[i];
     }
     for col in 0..4 {

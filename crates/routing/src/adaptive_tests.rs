@@ -37,7 +37,7 @@ fn feed_queued(
             WorkerKey::new(id % 4, 0),
             start,
             16,
-            (q * 16, u * 16, d),
+            (q * 16, u * 16, d, 0),
         );
         learner.on_first_token(&key(id), start + Duration::from_secs_f64(ttft));
     }
@@ -106,6 +106,68 @@ fn deeper_queues_make_a_cached_block_worth_more() {
     assert!(credit > snap(1.0 + 31.5 / 16.5));
 }
 
+/// Requests routed beside `running` others, `ttft` as in [`feed`] with `b = a`, whose decode
+/// lasts 1 s plus `stall` s per block of prefill queued on the rank at routing.
+fn feed_decoding(learner: &mut Adaptive, rng: &mut Rng, n: u64, running: u32, stall: f64) {
+    let a = 0.004;
+    for id in 0..n {
+        let (q, u, d) = (
+            rng.below(64) as u64,
+            rng.below(32) as u64 + 1,
+            rng.below(4096) as u64,
+        );
+        let ttft = 0.005 + a * (q + u) as f64 + a / 64.0 * d as f64;
+        let start = Duration::from_secs(id * 10);
+        let first = start + Duration::from_secs_f64(ttft);
+        let key = key(id);
+        learner.on_routed(
+            key.clone(),
+            WorkerKey::new(id % 4, 0),
+            start,
+            16,
+            (q * 16, u * 16, d, running),
+        );
+        learner.on_first_token(&key, first);
+        learner.on_completed(
+            &key,
+            first + Duration::from_secs_f64(1.0 + stall * q as f64),
+        );
+    }
+}
+
+#[test]
+fn a_prefill_that_stalls_decoding_requests_makes_a_cached_block_worth_more() {
+    let queued_behind = 31.5 / 16.5;
+    let mut alone = Adaptive::new(1.0, 1.0);
+    feed_decoding(&mut alone, &mut Rng::new(5), 6000, 8, 0.0);
+    assert_eq!(
+        alone.weights().overlap_score_credit,
+        snap(1.0 + queued_behind)
+    );
+
+    // Each queued block adds 4 ms to every decode beside it: with 8 requests decoding, a cached
+    // block also spares them that, at w = E[ttft] / E[decode] first-token seconds per second.
+    let (a, stall, running) = (0.004, 0.004, 8.0);
+    let mut stalled = Adaptive::new(1.0, 1.0);
+    feed_decoding(&mut stalled, &mut Rng::new(5), 6000, 8, stall);
+    let mean_ttft = 0.005 + a * (31.5 + 16.5) + a / 64.0 * 2047.5;
+    let w = mean_ttft / (1.0 + stall * 31.5);
+    let queued = a + w * stall;
+    let credit = (a * (1.0 + queued_behind) + running * w * stall) / queued;
+    let learned = stalled.weights();
+    let steps_off =
+        |value: f64, target: f64| ((value.log2() - target.log2()) * STEPS_PER_OCTAVE).abs();
+    assert!(
+        steps_off(learned.overlap_score_credit, credit) <= 1.0,
+        "credit {} for a target of {credit}",
+        learned.overlap_score_credit
+    );
+    assert!(learned.overlap_score_credit > alone.weights().overlap_score_credit);
+    // A queued block now costs `a + w·stall`, so prefill weighs more against decode blocks.
+    assert!(steps_off(learned.prefill_load_scale, queued / (a / 64.0)) <= 1.0);
+    assert!(learned.prefill_load_scale > alone.weights().prefill_load_scale);
+}
+
 #[test]
 fn weights_stay_within_the_swept_range_and_a_zero_credit_stays_zero() {
     let mut learner = Adaptive::new(1.0, 1.0);
@@ -149,7 +211,7 @@ fn too_few_observations_keep_the_starting_weights() {
         WorkerKey::new(1, 0),
         Duration::ZERO,
         16,
-        (0, 16, 0),
+        (0, 16, 0, 0),
     );
     learner.forget(&key(999));
     assert!(
@@ -162,7 +224,7 @@ fn too_few_observations_keep_the_starting_weights() {
         WorkerKey::new(1, 0),
         Duration::ZERO,
         16,
-        (0, 16, 0),
+        (0, 16, 0, 0),
     );
     learner.expire(Duration::from_secs(1));
     assert!(learner.pending.is_empty());

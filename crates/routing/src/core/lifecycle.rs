@@ -48,7 +48,10 @@ impl RouterCore {
     pub fn free(&mut self, request_id: &str, path: TerminalPath, now: Duration) -> bool {
         let key = self.key(request_id);
         if let Some(adaptive) = self.adaptive.as_mut() {
-            adaptive.forget(&key);
+            match path {
+                TerminalPath::Completed => adaptive.on_completed(&key, now),
+                _ => adaptive.forget(&key),
+            }
         }
         let Some(request) = self.tracker.free(&key) else {
             return false;
@@ -146,6 +149,7 @@ impl RouterCore {
                         self.tracker.prefill_tokens(event.worker),
                         initial_prefill_tokens.unwrap_or(0),
                         self.tracker.active_blocks(event.worker),
+                        self.tracker.requests_on(event.worker),
                     );
                     adaptive.on_routed(key.clone(), event.worker, now, self.block_size, observed);
                 }
@@ -169,8 +173,10 @@ impl RouterCore {
                 self.tracker.mark_prefill_done(&key);
             }
             SyncKind::Free => {
+                // The replica's end: replicas fit the same decode times as the router that
+                // served the request (a cancelled request's shorter decode counts too).
                 if let Some(adaptive) = self.adaptive.as_mut() {
-                    adaptive.forget(&key);
+                    adaptive.on_completed(&key, now);
                 }
                 self.tracker.free(&key);
             }

@@ -232,6 +232,7 @@ impl RouterCore {
                 self.tracker.prefill_tokens(chosen),
                 prefill_tokens,
                 self.tracker.active_blocks(chosen),
+                self.tracker.requests_on(chosen),
             );
             adaptive.on_routed(key.clone(), chosen, now, self.block_size, observed);
         }
