@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import requests
+import openai
 
 from conftest import BIN_DIR, ROOT, complete_on, start_distributed, wait_until
 
@@ -285,3 +286,34 @@ def test_kvmesh_up_runs_a_processor_with_one_command():
         up.stop()
     assert not store.exists()
     assert "processor host started" in up.output()
+
+
+def test_the_readme_processor_example_runs_as_written(tmp_path):
+    # README's smallest processor, copied out of README.md itself so the two cannot drift apart.
+    import re
+    from conftest import Proc, free_port, wait_ready
+    readme = (ROOT / "README.md").read_text()
+    source = re.search(r"```python\n(# my_processor\.py.*?)```", readme, re.S).group(1)
+    (tmp_path / "my_processor.py").write_text(source)
+    port = free_port()
+    up = Proc("up-readme-processor", ["kvmesh", "up", "--http-host", "127.0.0.1", "--http-port", str(port),
+                                      "--tcp-rpc-port", str(free_port()), "--dyn-chat-processor",
+                                      "my_processor:provider"], python_env([tmp_path]))
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_ready(base, "tiny", 2, [up])
+
+        class Up:
+            base_url = base
+        wait_processor_ready(Up)
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        answer = client.chat.completions.create(model="tiny", max_tokens=5,
+                                                messages=[{"role": "user", "content": "hello there"}])
+        assert answer.choices[0].finish_reason == "length" and answer.usage.completion_tokens == 5
+        assert answer.choices[0].message.content.strip()
+        chunks = list(client.chat.completions.create(model="tiny", max_tokens=3, stream=True,
+                                                     messages=[{"role": "user", "content": "hi"}]))
+        assert chunks[-1].choices[0].finish_reason == "length"
+        assert "".join(c.choices[0].delta.content or "" for c in chunks).strip()
+    finally:
+        up.stop()
