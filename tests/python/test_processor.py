@@ -141,6 +141,10 @@ def test_an_installed_entry_point_processor_runs_and_unknown_names_list_it():
         resp = mesh.client().chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
                                                      max_tokens=3)
         assert resp.usage.completion_tokens == 3
+        chunks = list(mesh.client().chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=3, stream=True))
+        assert chunks[-1].choices[0].finish_reason == "length"
+        assert "".join(c.choices[0].delta.content or "" for c in chunks).strip()
     finally:
         mesh.stop()
     env = dict(os.environ, **python_env([extra]))
