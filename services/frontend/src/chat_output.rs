@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use futures::{Stream, StreamExt};
 use kvmesh_llm::openai::{
-    ChatCompletionRequest, FinishReason, FunctionCallDelta, ToolCallDelta, ToolChoice,
+    ChatCompletionRequest, ChatTool, FinishReason, FunctionCallDelta, ToolCallDelta, ToolChoice,
     ToolChoiceMode,
 };
 use kvmesh_llm::reasoning::{ReasoningFormat, ReasoningSplitter};
@@ -32,8 +32,24 @@ pub struct ToolParsing {
 /// The request's tools for the worker contract, unless it offers none or `tool_choice` is
 /// `none`.
 pub fn tools_request(request: &ChatCompletionRequest) -> Option<ToolsRequest> {
-    let tools = request.tools.as_deref().filter(|tools| !tools.is_empty())?;
-    let (choice, named_function) = match &request.tool_choice {
+    offered_tools_request(
+        request.tools.as_deref().unwrap_or_default(),
+        request.tool_choice.as_ref(),
+        request.parallel_tool_calls,
+    )
+}
+
+/// The worker contract's view of offered `tools` under `choice`, from a chat request or from a
+/// processor's preprocessed request alike: none when no tool is offered or `choice` is `none`.
+pub fn offered_tools_request(
+    tools: &[ChatTool],
+    choice: Option<&ToolChoice>,
+    parallel_tool_calls: Option<bool>,
+) -> Option<ToolsRequest> {
+    if tools.is_empty() {
+        return None;
+    }
+    let (choice, named_function) = match choice {
         None | Some(ToolChoice::Mode(ToolChoiceMode::Auto)) => ("auto", String::new()),
         Some(ToolChoice::Mode(ToolChoiceMode::None)) => return None,
         Some(ToolChoice::Mode(ToolChoiceMode::Required)) => ("required", String::new()),
@@ -54,7 +70,7 @@ pub fn tools_request(request: &ChatCompletionRequest) -> Option<ToolsRequest> {
             .collect(),
         choice: choice.to_owned(),
         named_function,
-        parallel: request.parallel_tool_calls.unwrap_or(true),
+        parallel: parallel_tool_calls.unwrap_or(true),
     })
 }
 

@@ -5,9 +5,11 @@
 
 use std::collections::HashMap;
 
+use kvmesh_frontend::chat_output::offered_tools_request;
+use kvmesh_llm::openai::{ChatTool, ToolChoice};
 use kvmesh_proto::v1::{
     FinishReason, GenerateCall, GenerateRequest, GenerateResponse, OutputOptions, RoutingHints,
-    SamplingOptions, StopConditions, ToolSpec, ToolsRequest,
+    SamplingOptions, StopConditions, ToolsRequest,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -26,22 +28,9 @@ struct Preprocessed {
     lora_name: Option<String>,
     /// kvmesh addition, in the chat request's own shape: the tools it offered, so a worker that
     /// decides its calls from them (the mock engine) sees them as on the built-in path.
-    tools: Option<Vec<OfferedTool>>,
+    tools: Option<Vec<ChatTool>>,
     tool_choice: Option<Value>,
     parallel_tool_calls: Option<bool>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct OfferedTool {
-    function: OfferedFunction,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct OfferedFunction {
-    name: String,
-    parameters: Option<Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -204,51 +193,22 @@ pub fn generate_call(
     })
 }
 
-/// The worker's view of the tools a preprocessed request offers, as the built-in path builds it
-/// from a chat request: none when it offers none or `tool_choice` is `none`.
+/// The worker's view of the tools a preprocessed request offers, built as the built-in path
+/// builds it from a chat request: none when it offers none or `tool_choice` is `none`.
 fn tools_request(request: &mut Preprocessed) -> Result<Option<ToolsRequest>, String> {
-    let Some(tools) = request.tools.take().filter(|tools| !tools.is_empty()) else {
-        return Ok(None);
+    let choice = match request.tool_choice.take() {
+        None | Some(Value::Null) => None,
+        Some(value) => Some(serde_json::from_value::<ToolChoice>(value).map_err(|_| {
+            "preprocessed request: tool_choice must be auto, required, none or \
+             {\"function\": {\"name\": ...}}"
+                .to_owned()
+        })?),
     };
-    let (choice, named_function) = match request.tool_choice.take() {
-        None | Some(Value::Null) => ("auto", String::new()),
-        Some(Value::String(mode)) => match mode.as_str() {
-            "auto" => ("auto", String::new()),
-            "required" => ("required", String::new()),
-            "none" => return Ok(None),
-            other => {
-                return Err(format!(
-                    "preprocessed request: unknown tool_choice {other:?}"
-                ));
-            }
-        },
-        Some(named) => match named.pointer("/function/name").and_then(Value::as_str) {
-            Some(name) => ("named", name.to_owned()),
-            None => {
-                return Err(
-                    "preprocessed request: tool_choice must be auto, required, none or \
-                     {\"function\": {\"name\": ...}}"
-                        .into(),
-                );
-            }
-        },
-    };
-    Ok(Some(ToolsRequest {
-        tools: tools
-            .into_iter()
-            .map(|tool| ToolSpec {
-                name: tool.function.name,
-                parameters_json: tool
-                    .function
-                    .parameters
-                    .map(|schema| schema.to_string())
-                    .unwrap_or_default(),
-            })
-            .collect(),
-        choice: choice.to_owned(),
-        named_function,
-        parallel: request.parallel_tool_calls.unwrap_or(true),
-    }))
+    Ok(offered_tools_request(
+        request.tools.as_deref().unwrap_or_default(),
+        choice.as_ref(),
+        request.parallel_tool_calls,
+    ))
 }
 
 /// Dynamo's name of a finish reason.
