@@ -252,29 +252,37 @@ def test_a_streaming_header_needs_the_pre_commit_peek(errors_mesh):
     assert r.status_code == 200 and "the request is not acceptable here" in r.text
 
 
+class UpMesh:
+    """`kvmesh up` serving `processor` (a host it starts itself), once the engine is built."""
+
+    def __init__(self, name, processor, extra_path=(), args=()):
+        from conftest import Proc, free_port, wait_ready
+        port = free_port()
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.proc = Proc(name, ["kvmesh", "up", "--http-host", "127.0.0.1", "--http-port", str(port),
+                                "--tcp-rpc-port", str(free_port()), "--num-workers", "2",
+                                "--dyn-chat-processor", processor, *args], python_env(extra_path))
+        try:
+            wait_ready(self.base_url, "tiny", 2, [self.proc])
+            wait_processor_ready(self)
+        except BaseException:
+            self.proc.stop()
+            raise
+
+
 def test_kvmesh_up_runs_a_processor_with_one_command():
     # `kvmesh up` is one process with in-memory discovery; with a custom processor it starts the
     # host itself and both meet in a private store, which is gone when kvmesh up stops.
-    from conftest import Proc, free_port, wait_ready
-    port = free_port()
-    up = Proc("up-processor", ["kvmesh", "up", "--http-host", "127.0.0.1", "--http-port", str(port),
-                               "--tcp-rpc-port", str(free_port()), "--num-workers", "2",
-                               "--dyn-chat-processor", "errors_processor:provider",
-                               "--enable-anthropic-api", "--namespace", "dynamo"], python_env())
+    mesh = UpMesh("up-processor", "errors_processor:provider", args=("--enable-anthropic-api", "--namespace", "dynamo"))
+    up, base = mesh.proc, mesh.base_url
     try:
-        base = f"http://127.0.0.1:{port}"
-        wait_ready(base, "tiny", 2, [up])
-
-        class Up:
-            base_url = base
-        wait_processor_ready(Up)
         # The processor answers: its own error and its own header, not the built-in path's.
-        r = chat(Up, "invalid")
+        r = chat(mesh, "invalid")
         assert r.status_code == 400 and "the request is not acceptable here" in r.text, r.text
-        r = chat(Up, "header")
+        r = chat(mesh, "header")
         assert r.status_code == 200 and r.headers.get("x-processor") == "yes", r.headers
         # Streaming, and Messages through the processor, on the in-process workers.
-        r = chat(Up, "hello", stream=True)
+        r = chat(mesh, "hello", stream=True)
         assert r.status_code == 200 and "data: [DONE]" in r.text
         import anthropic
         claude = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0)
@@ -295,22 +303,12 @@ def test_kvmesh_up_runs_a_processor_with_one_command():
 def test_the_readme_processor_example_runs_as_written(tmp_path):
     # README's smallest processor, copied out of README.md itself so the two cannot drift apart.
     import re
-    from conftest import Proc, free_port, wait_ready
     readme = (ROOT / "README.md").read_text()
     source = re.search(r"```python\n(# my_processor\.py.*?)```", readme, re.S).group(1)
     (tmp_path / "my_processor.py").write_text(source)
-    port = free_port()
-    up = Proc("up-readme-processor", ["kvmesh", "up", "--http-host", "127.0.0.1", "--http-port", str(port),
-                                      "--tcp-rpc-port", str(free_port()), "--dyn-chat-processor",
-                                      "my_processor:provider"], python_env([tmp_path]))
+    mesh = UpMesh("up-readme-processor", "my_processor:provider", extra_path=[tmp_path])
     try:
-        base = f"http://127.0.0.1:{port}"
-        wait_ready(base, "tiny", 2, [up])
-
-        class Up:
-            base_url = base
-        wait_processor_ready(Up)
-        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        client = openai.OpenAI(base_url=f"{mesh.base_url}/v1", api_key="unused", max_retries=0)
         answer = client.chat.completions.create(model="tiny", max_tokens=5,
                                                 messages=[{"role": "user", "content": "hello there"}])
         assert answer.choices[0].finish_reason == "length" and answer.usage.completion_tokens == 5
@@ -320,4 +318,4 @@ def test_the_readme_processor_example_runs_as_written(tmp_path):
         assert chunks[-1].choices[0].finish_reason == "length"
         assert "".join(c.choices[0].delta.content or "" for c in chunks).strip()
     finally:
-        up.stop()
+        mesh.proc.stop()
