@@ -124,16 +124,6 @@ impl ProcessorHosts {
         };
         (0..hosts.len()).map(move |i| hosts[(turn + i) % hosts.len()].clone())
     }
-
-    /// The next host in turn, if any is live.
-    fn pick(&self) -> Option<Host> {
-        let hosts = self.hosts.load();
-        if hosts.is_empty() {
-            return None;
-        }
-        let turn = self.next.fetch_add(1, Ordering::Relaxed);
-        Some(hosts[turn % hosts.len()].clone())
-    }
 }
 
 /// Whether a failed call never reached a host: the connection failed on this side, so the host

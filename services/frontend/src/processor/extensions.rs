@@ -36,7 +36,7 @@ impl RouteExtensions {
     ) -> Self {
         let deadline = tokio::time::Instant::now() + wait;
         let paths = loop {
-            let listed = match hosts.pick() {
+            let listed = match hosts.in_turn().next() {
                 Some(host) => host
                     .client
                     .clone()
@@ -89,10 +89,7 @@ impl RouteExtensions {
             message,
         };
         let mut last = None;
-        for _ in 0..self.hosts.len().max(1) {
-            let Some(host) = self.hosts.pick() else {
-                break;
-            };
+        for host in self.hosts.in_turn() {
             let request = CallRouteRequest {
                 path: path.to_owned(),
                 state: Some(state.clone()),
