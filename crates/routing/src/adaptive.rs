@@ -31,7 +31,9 @@
 //!
 //! Replicas converge without new messages: replica sync already carries every request's routing
 //! (with its uncached tokens), first token and end, and a replica reads `q`, `d` and `n` from its
-//! own mirror of the load, so all replicas fit the same observations.
+//! own mirror of the load, so all replicas fit the same observations, with one exception: a
+//! synced end does not say how the request ended, so a replica also fits the decode time of a
+//! request cancelled or failed after its first token, which the router that served it drops.
 //!
 //! Cache affinity can concentrate requests on a few workers; in `auto` mode a rank that has
 //! received more than [`MAX_REQUEST_SHARE`] × the mean of the recent requests (own and synced,
