@@ -95,6 +95,9 @@ struct MemStream {
     last_sequence: u64,
     /// msg id → (sequence, stored at), for the duplicate window.
     recent_ids: HashMap<String, (u64, Instant)>,
+    /// The ids of `recent_ids` in the order they were stored, so that expiring them takes only
+    /// the expired ones instead of a pass over every id in the window.
+    recent_order: VecDeque<(Instant, String)>,
     last_sequence_tx: watch::Sender<u64>,
 }
 
@@ -110,8 +113,16 @@ impl MemStream {
             }
         }
         let window = self.duplicate_window();
-        self.recent_ids
-            .retain(|_, (_, stored_at)| now.duration_since(*stored_at) <= window);
+        // An id is stored only while absent, so each one is in `recent_order` once.
+        while self
+            .recent_order
+            .front()
+            .is_some_and(|(stored_at, _)| now.duration_since(*stored_at) > window)
+        {
+            if let Some((_, id)) = self.recent_order.pop_front() {
+                self.recent_ids.remove(&id);
+            }
+        }
     }
 
     fn duplicate_window(&self) -> Duration {
@@ -146,6 +157,7 @@ impl MemStream {
         });
         if let Some(id) = msg_id {
             self.recent_ids.insert(id.to_owned(), (sequence, now));
+            self.recent_order.push_back((now, id.to_owned()));
         }
         self.last_sequence_tx.send_replace(sequence);
         sequence
@@ -320,6 +332,7 @@ impl EventPlane for MemEventPlane {
                         messages: VecDeque::new(),
                         last_sequence: 0,
                         recent_ids: HashMap::new(),
+                        recent_order: VecDeque::new(),
                         last_sequence_tx,
                     },
                 );
@@ -487,5 +500,27 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(first.sequence, 2, "aged-out sequence 1 is skipped");
+    }
+
+    #[tokio::test]
+    async fn only_ids_older_than_the_window_expire() {
+        let plane = MemEventPlane::new();
+        let config = StreamConfig {
+            name: "DEDUP".into(),
+            subjects: vec!["dedup.>".into()],
+            max_age: Duration::ZERO,
+            duplicate_window: Duration::from_millis(2000),
+        };
+        plane.ensure_stream(&config).await.unwrap();
+        let publish = |id: &'static str| plane.publish_durable("dedup.x", id, Bytes::new());
+        assert_eq!(publish("old").await.unwrap(), 1);
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        assert_eq!(publish("new").await.unwrap(), 2);
+        assert_eq!(publish("old").await.unwrap(), 1, "inside the window");
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        // 2.4 s after "old", 1.2 s after "new" (0.8 s of slack): only "old" has left the window.
+        assert_eq!(publish("old").await.unwrap(), 3);
+        assert_eq!(publish("new").await.unwrap(), 2);
+        assert_eq!(publish("old").await.unwrap(), 3);
     }
 }
