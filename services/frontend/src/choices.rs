@@ -39,8 +39,13 @@ pub async fn start_all(
     n: u32,
     options: GenerateOptions,
 ) -> Result<Vec<Generation>, FrontendError> {
-    let starts = (0..n.max(1))
-        .map(|index| generate::start(entry, choice_request(&request, index), options.clone()));
+    // The first choice takes the request itself: a long prompt is not copied for n = 1.
+    let others: Vec<GenerateRequest> = (1..n.max(1))
+        .map(|index| choice_request(&request, index))
+        .collect();
+    let starts = std::iter::once(request)
+        .chain(others)
+        .map(|request| generate::start(entry, request, options.clone()));
     futures::future::try_join_all(starts).await
 }
 
