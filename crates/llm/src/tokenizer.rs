@@ -6,13 +6,16 @@ use std::path::Path;
 use crate::error::LlmError;
 
 pub mod boundaries;
+mod byte_decoder;
 mod byte_level;
 pub mod samples;
 
 use boundaries::Boundaries;
+use byte_decoder::ByteDecoder;
 
-/// Which engine encodes prompts (`--tokenizer`, `DYN_TOKENIZER`). Decoding always uses the
-/// Hugging Face tokenizer: it is incremental-safe and shares the vocabulary.
+/// Which engine encodes prompts (`--tokenizer`, `DYN_TOKENIZER`). Decoding does not depend on
+/// it: a plain byte-level vocabulary decodes from a table of token bytes, any other through the
+/// Hugging Face decoder, with the same text either way.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum TokenizerEngine {
     /// Hugging Face `tokenizers`.
@@ -56,6 +59,8 @@ pub struct Tokenizer {
     fast: Option<fastokens::Tokenizer>,
     /// Where prompts may be cut for the prefix cache; `None` when nowhere is safe.
     boundaries: Option<Boundaries>,
+    /// Decodes from a table of token bytes when the decoder is plain byte-level.
+    byte_decoder: Option<ByteDecoder>,
     /// Every added token id (special or not), sorted: the mock engine draws outside this set.
     added_token_ids: Vec<u32>,
     /// Added token ids flagged `special`, sorted.
@@ -93,10 +98,12 @@ impl Tokenizer {
         special_token_ids.sort_unstable();
         let vocab_size = inner.get_vocab_size(true);
         let boundaries = Boundaries::build(&inner);
+        let byte_decoder = ByteDecoder::build(&inner);
         Self {
             inner,
             fast: None,
             boundaries,
+            byte_decoder,
             added_token_ids,
             special_token_ids,
             eos_token_ids: Vec::new(),
@@ -206,6 +213,14 @@ impl Tokenizer {
 
     /// The text of `ids`; with `skip_special_tokens` the special tokens are left out.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, LlmError> {
+        if let Some(table) = &self.byte_decoder {
+            return Ok(table.decode(ids, skip_special_tokens));
+        }
+        self.decode_default(ids, skip_special_tokens)
+    }
+
+    /// The text of `ids` from the Hugging Face decoder.
+    fn decode_default(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, LlmError> {
         self.inner
             .decode(ids, skip_special_tokens)
             .map_err(LlmError::tokenizer)

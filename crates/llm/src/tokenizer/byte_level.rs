@@ -16,10 +16,13 @@ fn byte_of(ch: char) -> Option<u8> {
     {
         return Some(byte);
     }
-    let rank = code.checked_sub(0x100)?;
-    (0..=255u8)
-        .filter(|&byte| !is_self_written(byte))
-        .nth(rank as usize)
+    // The other bytes in ascending order: 0x00..=0x20, 0x7F..=0xA0, then 0xAD.
+    match code.checked_sub(0x100)? {
+        rank @ 0..=0x20 => u8::try_from(rank).ok(),
+        rank @ 0x21..=0x42 => u8::try_from(rank - 0x21 + 0x7F).ok(),
+        0x43 => Some(0xAD),
+        _ => None,
+    }
 }
 
 /// The bytes a byte-level token string stands for; `None` when it is not written in the
