@@ -4,6 +4,8 @@
 
 pub mod error;
 pub mod flags;
+pub mod identity_hash;
 pub mod prefix;
 
 pub use error::ErrorCode;
+pub use identity_hash::{BuildIdentityHasher, IdentityHasher};

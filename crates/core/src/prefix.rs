@@ -13,6 +13,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use crate::BuildIdentityHasher;
+
 /// What one stored prompt costs besides its values: a key and a map slot per cut point.
 const BYTES_PER_CUT: usize = 48;
 
@@ -95,8 +97,8 @@ struct Entry<T> {
 }
 
 struct State<T> {
-    /// Prefix key → (entry, values before that cut).
-    cuts: HashMap<u128, (u64, usize)>,
+    /// Prefix key → (entry, values before that cut). Keys are hash values themselves.
+    cuts: HashMap<u128, (u64, usize), BuildIdentityHasher>,
     entries: HashMap<u64, Entry<T>>,
     /// Entries by last use, oldest first.
     by_use: BTreeMap<u64, u64>,
@@ -111,7 +113,7 @@ impl<T: Copy> PrefixStore<T> {
         Self {
             max_bytes,
             state: Mutex::new(State {
-                cuts: HashMap::new(),
+                cuts: HashMap::default(),
                 entries: HashMap::new(),
                 by_use: BTreeMap::new(),
                 bytes: 0,

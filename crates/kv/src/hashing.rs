@@ -124,6 +124,14 @@ pub fn kv_partition(worker_id: u64, partitions: u32) -> u32 {
     (xxh3_64_with_seed(&worker_id.to_le_bytes(), 0) % partitions) as u32
 }
 
+pub use kvmesh_core::IdentityHasher;
+
+/// A hash map keyed by block hashes ([`IdentityHasher`]).
+pub type BlockHashMap<V> = std::collections::HashMap<u64, V, kvmesh_core::BuildIdentityHasher>;
+
+/// A set of block hashes ([`IdentityHasher`]).
+pub type BlockHashSet = std::collections::HashSet<u64, kvmesh_core::BuildIdentityHasher>;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,28 +216,3 @@ mod tests {
         assert_eq!(kv_partition(42, 16), 8);
     }
 }
-
-/// Hashes block hashes by identity: they are already uniform 64-bit values, so hash maps keyed
-/// by them need no SipHash (which costs more than the rest of a lookup).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct IdentityHasher(u64);
-
-impl std::hash::Hasher for IdentityHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
-        }
-    }
-
-    fn write_u64(&mut self, value: u64) {
-        self.0 = value;
-    }
-}
-
-/// A hash map keyed by block hashes ([`IdentityHasher`]).
-pub type BlockHashMap<V> =
-    std::collections::HashMap<u64, V, std::hash::BuildHasherDefault<IdentityHasher>>;

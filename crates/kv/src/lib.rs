@@ -28,8 +28,8 @@ pub use events::{
     KvEvent, KvEventBatch, KvEventKind, KvRemoved, KvStored, KvStoredBlock, Tier, WorkerKey,
 };
 pub use hashing::{
-    BlockHashMap, BlockHasher, IdentityHasher, LocalBlockHash, SequenceHash, chain_seq_hash,
-    compute_block_hashes, compute_seq_hashes, kv_partition, seed_for,
+    BlockHashMap, BlockHashSet, BlockHasher, IdentityHasher, LocalBlockHash, SequenceHash,
+    chain_seq_hash, compute_block_hashes, compute_seq_hashes, kv_partition, seed_for,
 };
 pub use radix::{ApplyCursor, IndexDump, RadixIndex, WorkerCursor, digest_term};
 pub use scores::{MemberScore, OverlapScores};

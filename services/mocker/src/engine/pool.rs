@@ -12,7 +12,7 @@
 //! evicted within one pass, for instance by a sequence preempted in the same pass, is therefore
 //! never announced, and the indexers' view always equals the pool's content.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 
 use kvmesh_kv::{LocalBlockHash, SequenceHash};
 
@@ -238,7 +238,7 @@ impl BlockPool {
             });
         }
         let mut candidates: Vec<(u64, SequenceHash)> = Vec::new();
-        let mut seen = HashSet::new();
+        let mut seen = kvmesh_kv::BlockHashSet::default();
         for hash in std::mem::take(&mut self.to_announce) {
             if let Some(entry) = self.entries.get(&hash)
                 && !entry.is_announced
