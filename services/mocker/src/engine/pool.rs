@@ -12,7 +12,7 @@
 //! evicted within one pass, for instance by a sequence preempted in the same pass, is therefore
 //! never announced, and the indexers' view always equals the pool's content.
 
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 
 use kvmesh_kv::{LocalBlockHash, SequenceHash};
 
@@ -51,14 +51,22 @@ struct Entry {
     inactive_tick: Option<u64>,
 }
 
+/// Stale slots `inactive` may hold besides twice the live ones before they are swept.
+const STALE_SLACK: usize = 1024;
+
 /// The block pool: hash table of full blocks, inactive LRU, private block count, pending events.
 #[derive(Debug)]
 pub(crate) struct BlockPool {
     num_blocks: usize,
     entries: kvmesh_kv::BlockHashMap<Entry>,
-    /// Inactive blocks by LRU tick; the first is evicted first. Sequences release their blocks
-    /// tail first, so a chain's leaves always carry older ticks than their parents.
-    inactive: BTreeMap<u64, SequenceHash>,
+    /// Inactive blocks in release order (ticks ascending); the first is evicted first.
+    /// Sequences release their blocks tail first, so a chain's leaves always carry older ticks
+    /// than their parents. A block reactivated or evicted leaves its slot behind, stale (its
+    /// entry no longer carries that tick): skipped at the front, swept out when stale slots
+    /// outnumber live ones. A tree map ordered by tick cost ~5× as much per block.
+    inactive: VecDeque<(u64, SequenceHash)>,
+    /// Live slots of `inactive`.
+    num_inactive: usize,
     num_private: usize,
     num_active_shared: usize,
     next_tick: u64,
@@ -75,7 +83,8 @@ impl BlockPool {
         Self {
             num_blocks,
             entries: kvmesh_kv::BlockHashMap::default(),
-            inactive: BTreeMap::new(),
+            inactive: VecDeque::new(),
+            num_inactive: 0,
             num_private: 0,
             num_active_shared: 0,
             next_tick: 0,
@@ -103,7 +112,14 @@ impl BlockPool {
 
     #[cfg(test)]
     pub(crate) fn num_inactive(&self) -> usize {
-        self.inactive.len()
+        self.num_inactive
+    }
+
+    /// Whether the slot `(tick, hash)` of `inactive` is live.
+    fn is_live(&self, (tick, hash): (u64, SequenceHash)) -> bool {
+        self.entries
+            .get(&hash)
+            .is_some_and(|entry| entry.inactive_tick == Some(tick))
     }
 
     pub(crate) fn lookup(&self, hash: SequenceHash) -> Lookup {
@@ -146,13 +162,14 @@ impl BlockPool {
         parent: Option<SequenceHash>,
     ) {
         if let Some(entry) = self.entries.get_mut(&hash) {
-            if entry.num_refs == 0 {
-                if let Some(tick) = entry.inactive_tick.take() {
-                    self.inactive.remove(&tick);
+            entry.num_refs += 1;
+            if entry.num_refs == 1 {
+                if entry.inactive_tick.take().is_some() {
+                    self.num_inactive -= 1;
                 }
                 self.num_active_shared += 1;
+                self.sweep_stale();
             }
-            entry.num_refs += 1;
             return;
         }
         self.make_room();
@@ -191,8 +208,10 @@ impl BlockPool {
                         let tick = self.next_tick;
                         self.next_tick += 1;
                         entry.inactive_tick = Some(tick);
-                        self.inactive.insert(tick, hash);
+                        self.inactive.push_back((tick, hash));
+                        self.num_inactive += 1;
                         self.num_active_shared = self.num_active_shared.saturating_sub(1);
+                        self.sweep_stale();
                     }
                 }
             }
@@ -202,10 +221,13 @@ impl BlockPool {
     /// Drops every inactive block and owes the indexers a `Cleared`, followed by a `Stored` for
     /// every block still in use so their view stays exact. Returns the number of blocks dropped.
     pub(crate) fn clear(&mut self) -> usize {
-        let num_dropped = self.inactive.len();
-        for hash in std::mem::take(&mut self.inactive).into_values() {
-            self.entries.remove(&hash);
+        let num_dropped = self.num_inactive;
+        for slot in std::mem::take(&mut self.inactive) {
+            if self.is_live(slot) {
+                self.entries.remove(&slot.1);
+            }
         }
+        self.num_inactive = 0;
         self.removed.clear();
         self.is_cleared_pending = true;
         let mut active: Vec<(u64, SequenceHash)> = self
@@ -284,10 +306,10 @@ impl BlockPool {
 
     /// Evicts the least recently used inactive block when no block is free.
     fn make_room(&mut self) {
-        if self.num_used() + self.inactive.len() < self.num_blocks {
+        if self.num_used() + self.num_inactive < self.num_blocks {
             return;
         }
-        let Some((_, hash)) = self.inactive.pop_first() else {
+        let Some(hash) = self.pop_oldest_inactive() else {
             return;
         };
         if let Some(entry) = self.entries.remove(&hash)
@@ -297,6 +319,27 @@ impl BlockPool {
         }
         if self.is_trace {
             tracing::info!(block_hash = hash, "kv block evicted");
+        }
+    }
+
+    /// Takes the oldest live slot off `inactive`, skipping stale ones.
+    fn pop_oldest_inactive(&mut self) -> Option<SequenceHash> {
+        while let Some(slot) = self.inactive.pop_front() {
+            if self.is_live(slot) {
+                self.num_inactive -= 1;
+                return Some(slot.1);
+            }
+        }
+        None
+    }
+
+    /// Drops the stale slots of `inactive` once they outnumber the live ones (plus some
+    /// slack), so its length stays within twice the inactive blocks: amortized O(1) per slot.
+    fn sweep_stale(&mut self) {
+        if self.inactive.len() > 2 * self.num_inactive + STALE_SLACK {
+            let mut inactive = std::mem::take(&mut self.inactive);
+            inactive.retain(|slot| self.is_live(*slot));
+            self.inactive = inactive;
         }
     }
 
@@ -313,11 +356,18 @@ impl BlockPool {
     pub(crate) fn check_invariants(&self) {
         let num_active = self.entries.values().filter(|e| e.num_refs > 0).count();
         assert_eq!(num_active, self.num_active_shared);
-        assert_eq!(self.entries.len() - num_active, self.inactive.len());
-        assert!(self.num_used() + self.inactive.len() <= self.num_blocks);
-        for (tick, hash) in &self.inactive {
-            assert_eq!(self.entries[hash].inactive_tick, Some(*tick));
+        assert_eq!(self.entries.len() - num_active, self.num_inactive);
+        assert!(self.num_used() + self.num_inactive <= self.num_blocks);
+        let live: Vec<_> = self.inactive.iter().filter(|s| self.is_live(**s)).collect();
+        assert_eq!(live.len(), self.num_inactive);
+        assert!(live.windows(2).all(|pair| pair[0].0 < pair[1].0));
+        for entry in self.entries.values().filter(|e| e.num_refs == 0) {
+            assert!(
+                entry.inactive_tick.is_some(),
+                "inactive block without a tick"
+            );
         }
+        assert!(self.inactive.len() <= 2 * self.num_inactive + STALE_SLACK);
         // Presence is closed under parents: a cached block's whole prefix is cached.
         for entry in self.entries.values() {
             if let Some(parent) = entry.parent {
@@ -407,6 +457,35 @@ mod tests {
             pool.take_events(),
             vec![KvCacheEvent::Cleared, stored(None, &[1, 2])]
         );
+        pool.check_invariants();
+    }
+
+    #[test]
+    fn reactivated_blocks_leave_stale_slots_that_are_swept_and_never_evicted() {
+        // Blocks 1..=8 cycle between active and inactive many times, each cycle leaving stale
+        // slots, far more than the sweep's slack.
+        let mut pool = BlockPool::new(16, false);
+        let chain: Vec<Slot> = (1..=8).map(Slot::Shared).collect();
+        for round in 0..1000 {
+            for hash in 1..=8u64 {
+                pool.acquire_shared(hash, hash + 100, (hash > 1).then(|| hash - 1));
+            }
+            pool.release(&chain);
+            if round % 100 == 0 {
+                pool.check_invariants();
+            }
+        }
+        pool.check_invariants();
+        assert_eq!(pool.num_inactive(), 8);
+        assert!(pool.inactive.len() <= 16 + STALE_SLACK);
+        // Eviction still takes the least recently released live block: the chain's leaf.
+        pool.take_events();
+        for new in 0..8 {
+            pool.acquire_shared(1000 + new, new, None);
+        }
+        pool.acquire_shared(2000, 0, None);
+        assert_eq!(pool.lookup(8), Lookup::Absent);
+        assert_eq!(pool.lookup(7), Lookup::Inactive);
         pool.check_invariants();
     }
 }
