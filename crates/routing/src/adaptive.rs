@@ -29,11 +29,11 @@
 //! benchmark sweeps and moved in quarter-octave steps with hysteresis, so the weights change
 //! (and are logged) only when the evidence moves them.
 //!
-//! Replicas converge without new messages: replica sync already carries every request's routing
-//! (with its uncached tokens), first token and end, and a replica reads `q`, `d` and `n` from its
-//! own mirror of the load, so all replicas fit the same observations, with one exception: a
-//! synced end does not say how the request ended, so a replica also fits the decode time of a
-//! request cancelled or failed after its first token, which the router that served it drops.
+//! Replicas converge without exchanging weights: replica sync carries every request's routing
+//! (with its uncached tokens), first token and end (with how it ended), and a replica reads `q`,
+//! `d` and `n` from its own mirror of the load, so all replicas fit the same observations; like
+//! the router that served it, a replica drops the decode time of a request that did not
+//! complete.
 //!
 //! Cache affinity can concentrate requests on a few workers; in `auto` mode a rank that has
 //! received more than [`MAX_REQUEST_SHARE`] × the mean of the recent requests (own and synced,
@@ -95,6 +95,8 @@ pub struct LearnedWeights {
     pub prefill_load_scale: f64,
     /// First tokens observed so far.
     pub num_observations: u64,
+    /// Completed requests whose decode time was observed so far.
+    pub num_decodes: u64,
 }
 
 /// What was known about a request when it was routed.
@@ -190,6 +192,7 @@ impl Adaptive {
                 overlap_score_credit: credit,
                 prefill_load_scale: scale,
                 num_observations: 0,
+                num_decodes: 0,
             },
             learns_credit: credit > 0.0,
             ttft: Fit::default(),
@@ -263,6 +266,7 @@ impl Adaptive {
         if let Some(decoding) = self.decoding.remove(key) {
             let decode = now.saturating_sub(decoding.first_token_at).as_secs_f64();
             self.decode.add(&decoding.features, decode);
+            self.weights.num_decodes += 1;
         }
     }
 

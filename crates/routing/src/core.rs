@@ -29,7 +29,7 @@ use crate::hash_cache::BlockHashCache;
 use crate::health::WorkerHealth;
 use crate::overlap::OverlapSource;
 use crate::queue::Queue;
-use crate::request::{Dispatched, RouteRequest, RoutingHints};
+use crate::request::{Dispatched, RouteRequest, RoutingHints, TerminalPath};
 use crate::rng::Rng;
 use crate::session::Sessions;
 use crate::sync::{SyncEvent, SyncKind};
@@ -284,7 +284,8 @@ impl RouterCore {
             if let Some(session) = &request.session {
                 self.sessions.release(session, now, false);
             }
-            self.emit(&key, request.worker, SyncKind::Free);
+            let path = TerminalPath::WorkerFailed;
+            self.emit(&key, request.worker, SyncKind::Free { path });
         }
         self.sessions.remove_worker(worker_id);
         self.health.remove(worker_id);

@@ -321,7 +321,12 @@ fn sync_events_replay_on_a_replica() {
     assert_eq!(b.load(w).active_blocks, 4);
     a.free("r1", TerminalPath::Completed, T0);
     for event in a.take_sync_events() {
-        assert_eq!(event.kind, SyncKind::Free);
+        assert_eq!(
+            event.kind,
+            SyncKind::Free {
+                path: TerminalPath::Completed
+            }
+        );
         b.apply_sync_event(&event, T0);
     }
     assert_eq!(b.load(w).active_requests, 0);

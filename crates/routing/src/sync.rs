@@ -8,6 +8,8 @@
 
 use kvmesh_kv::WorkerKey;
 
+use crate::request::TerminalPath;
+
 /// The discovery instance a router id names: replicas sign their events `{instance_id:x}-{model}`
 /// (`kvmesh-router`), so a receiver can release what a departed replica routed. `None` for ids
 /// of another shape (a router without a registered instance).
@@ -52,8 +54,11 @@ pub enum SyncKind {
     },
     /// Its first token arrived.
     MarkPrefillCompleted,
-    /// It ended (any terminal path, or expiry).
-    Free,
+    /// It ended, by `path` (expiry included).
+    Free {
+        /// How it ended.
+        path: TerminalPath,
+    },
     /// A session is bound to `worker` (after dispatch and again at request end).
     SessionBind {
         /// `X-Dynamo-Session-ID`.

@@ -80,6 +80,8 @@ fn router(id: &str, seed: u64, sync: bool) -> RouterCore {
 enum Step {
     FirstToken,
     End,
+    /// The client gave up mid-decode: not a completed request's decode time.
+    Cancel,
 }
 
 /// Replays `n` requests from `first_id` over `routers` in turn (each replica routes its share),
@@ -93,6 +95,20 @@ fn drive(
     first_id: u64,
     n: u64,
     truth: Truth,
+) -> Queueing {
+    drive_cancelling(routers, rng, now_us, first_id, n, truth, 0)
+}
+
+/// [`drive`], with every `cancel_every`-th request (0: none) cancelled a quarter of the way
+/// into its decode.
+fn drive_cancelling(
+    routers: &mut [RouterCore],
+    rng: &mut Rng,
+    now_us: &mut u64,
+    first_id: u64,
+    n: u64,
+    truth: Truth,
+    cancel_every: u64,
 ) -> Queueing {
     let mut due: Due = BinaryHeap::new();
     let mut queueing = Queueing::default();
@@ -129,7 +145,11 @@ fn drive(
         let first = *now_us + (ttft * noise * 1e6) as u64;
         due.push(Reverse((first, Step::FirstToken, owner, id.clone())));
         let decode = 500_000 + rng.below(3_000_000) as u64;
-        due.push(Reverse((first + decode, Step::End, owner, id)));
+        if cancel_every > 0 && i % cancel_every == 0 {
+            due.push(Reverse((first + decode / 4, Step::Cancel, owner, id)));
+        } else {
+            due.push(Reverse((first + decode, Step::End, owner, id)));
+        }
         forward(routers, owner, now);
     }
     run_due(routers, &mut due, u64::MAX);
@@ -152,6 +172,9 @@ fn run_due(routers: &mut [RouterCore], due: &mut Due, until: u64) {
             }
             Step::End => {
                 core.free(&id, TerminalPath::Completed, now);
+            }
+            Step::Cancel => {
+                core.free(&id, TerminalPath::Cancelled, now);
             }
         }
         forward(routers, owner, now);
@@ -231,7 +254,9 @@ fn replicas_with_sync_end_with_the_same_weights() {
     };
     let mut routers = [router("a", 1, true), router("b", 2, true)];
     let (mut rng, mut now_us) = (Rng::new(5), 0);
-    let queueing = drive(&mut routers, &mut rng, &mut now_us, 0, 6000, truth);
+    // Every fifth request is cancelled: its short decode is not a decode time the owner fits,
+    // and the replica, told how it ended, drops it too.
+    let queueing = drive_cancelling(&mut routers, &mut rng, &mut now_us, 0, 6000, truth, 5);
     let (a, b) = (weights(&routers[0]), weights(&routers[1]));
     assert_eq!(a, b);
     let optimum = truth.optimum(queueing.queued_behind());
@@ -243,6 +268,9 @@ fn replicas_with_sync_end_with_the_same_weights() {
         "own and synced first tokens"
     );
     assert_eq!(observed(&routers[0]), observed(&routers[1]));
+    let decodes = |core: &RouterCore| core.learned_weights().map(|w| w.num_decodes);
+    assert_eq!(decodes(&routers[0]), Some(4800), "completed decodes only");
+    assert_eq!(decodes(&routers[0]), decodes(&routers[1]));
     // Without sync each replica learns from its own half only.
     let mut alone = [router("c", 1, false), router("d", 2, false)];
     let (mut rng, mut now_us) = (Rng::new(5), 0);

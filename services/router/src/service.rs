@@ -331,7 +331,7 @@ impl RouterService {
         // Routed by another replica that the caller could not reach: apply the change to the
         // copy replica sync gave this one, and pass it on to the rest.
         let kind = match (terminal, report.first_token) {
-            (Some(_), _) => SyncKind::Free,
+            (Some(path), _) => SyncKind::Free { path },
             (None, true) => SyncKind::MarkPrefillCompleted,
             (None, false) => return Ok(true),
         };

@@ -48,7 +48,9 @@ pub fn sync_to_proto(event: &SyncEvent) -> pb::RouterSyncEvent {
         SyncKind::MarkPrefillCompleted => {
             Kind::MarkPrefillCompleted(pb::RouterSyncMarkPrefillCompleted {})
         }
-        SyncKind::Free => Kind::Free(pb::RouterSyncFree {}),
+        SyncKind::Free { path } => Kind::Free(pb::RouterSyncFree {
+            path: terminal_to_proto(*path).into(),
+        }),
         SyncKind::SessionBind { session_id } => Kind::SessionBind(pb::RouterSyncSessionBind {
             session_id: session_id.clone(),
             phase: "aggregated".to_string(),
@@ -77,7 +79,9 @@ pub fn sync_from_proto(event: pb::RouterSyncEvent) -> Option<SyncEvent> {
             lora_name: add.lora_name,
         },
         Kind::MarkPrefillCompleted(_) => SyncKind::MarkPrefillCompleted,
-        Kind::Free(_) => SyncKind::Free,
+        Kind::Free(free) => SyncKind::Free {
+            path: terminal_from_proto(free.path).unwrap_or(TerminalPath::Completed),
+        },
         Kind::SessionBind(bind) => SyncKind::SessionBind {
             session_id: bind.session_id,
         },
@@ -340,7 +344,12 @@ mod tests {
                 lora_name: Some("adapter".into()),
             },
             SyncKind::MarkPrefillCompleted,
-            SyncKind::Free,
+            SyncKind::Free {
+                path: TerminalPath::Completed,
+            },
+            SyncKind::Free {
+                path: TerminalPath::Cancelled,
+            },
             SyncKind::SessionBind {
                 session_id: "s1".into(),
             },

@@ -58,7 +58,7 @@ impl RouterCore {
         };
         self.note_health(request.worker.worker_id, &key, path, now);
         self.release_session(&key, &request, path, now);
-        self.emit(&key, request.worker, SyncKind::Free);
+        self.emit(&key, request.worker, SyncKind::Free { path });
         self.drain_queue(now);
         true
     }
@@ -85,7 +85,8 @@ impl RouterCore {
                     tracing::warn!(request_id = %key.1, worker_id = request.worker.worker_id, "freeing stale tracked request");
                     self.note_health(request.worker.worker_id, &key, TerminalPath::Expired, now);
                     self.release_session(&key, &request, TerminalPath::Expired, now);
-                    self.emit(&key, request.worker, SyncKind::Free);
+                    let path = TerminalPath::Expired;
+                    self.emit(&key, request.worker, SyncKind::Free { path });
                 }
             }
             self.sessions.sweep(now);
@@ -113,8 +114,8 @@ impl RouterCore {
                 .is_some_and(|by| by != &*self.router_id);
             if forwarded {
                 match event.kind {
-                    SyncKind::Free => {
-                        self.free(&event.request_id, TerminalPath::Completed, now);
+                    SyncKind::Free { path } => {
+                        self.free(&event.request_id, path, now);
                     }
                     SyncKind::MarkPrefillCompleted => {
                         self.mark_prefill_done(&event.request_id, now);
@@ -172,11 +173,14 @@ impl RouterCore {
                 self.observe_first_token(&key, now);
                 self.tracker.mark_prefill_done(&key);
             }
-            SyncKind::Free => {
+            SyncKind::Free { path } => {
                 // The replica's end: replicas fit the same decode times as the router that
-                // served the request (a cancelled request's shorter decode counts too).
+                // served the request, which fits only completed ones.
                 if let Some(adaptive) = self.adaptive.as_mut() {
-                    adaptive.on_completed(&key, now);
+                    match path {
+                        TerminalPath::Completed => adaptive.on_completed(&key, now),
+                        _ => adaptive.forget(&key),
+                    }
                 }
                 self.tracker.free(&key);
             }
@@ -206,7 +210,8 @@ impl RouterCore {
                 TerminalPath::Disconnected,
                 now,
             );
-            self.emit(&key, request.worker, SyncKind::Free);
+            let path = TerminalPath::Disconnected;
+            self.emit(&key, request.worker, SyncKind::Free { path });
         }
         if count > 0 {
             tracing::info!(model = %self.model, instance_id = %format!("{instance_id:x}"), count, "released the routings of a departed instance");

@@ -199,7 +199,8 @@ impl RouterCore {
             // A caller reused a request id (a retry after a lost answer): the earlier request is
             // replaced, and what it held (its session reference included) goes with it.
             self.release_session(&key, &previous, TerminalPath::Cancelled, now);
-            self.emit(&key, previous.worker, SyncKind::Free);
+            let path = TerminalPath::Cancelled;
+            self.emit(&key, previous.worker, SyncKind::Free { path });
         }
         let session = plan
             .session
