@@ -136,3 +136,69 @@ fn is_unreachable(status: &tonic::Status) -> bool {
                 tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Cancelled
             ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvmesh_runtime::discovery::mem::{MemDiscovery, MemStore};
+    use kvmesh_runtime::discovery::registry::{Registry, instance_record};
+
+    #[tokio::test]
+    async fn each_request_tries_every_live_host_once_starting_at_the_next_in_turn() {
+        let store = MemStore::new();
+        let (mut ids, mut registered) = (Vec::new(), Vec::new());
+        for port in [7001, 7002, 7003] {
+            let host = Arc::new(MemDiscovery::new(&store));
+            let mut record = instance_record(
+                DEFAULT_NAMESPACE,
+                PROCESSOR_COMPONENT,
+                PROCESSOR_ENDPOINT,
+                &format!("127.0.0.1:{port}"),
+                "grpc",
+            );
+            record
+                .metadata
+                .insert(PROCESSOR_METADATA.to_owned(), "proc".to_owned());
+            let key = Registry::new(host.clone()).register_instance(&record).await;
+            ids.push(key.unwrap().instance_id);
+            registered.push(host);
+        }
+        let served = prometheus::IntCounterVec::new(
+            prometheus::Opts::new("served", "chat requests per host"),
+            &["address"],
+        )
+        .unwrap();
+        let hosts = ProcessorHosts::watch(
+            Arc::new(MemDiscovery::new(&store)),
+            DEFAULT_NAMESPACE,
+            "proc",
+            served,
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+        for _ in 0..100 {
+            if hosts.len() == 3 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(hosts.len(), 3);
+        let mut firsts = Vec::new();
+        for _ in 0..6 {
+            let order: Vec<u64> = hosts.in_turn().map(|host| host.instance_id).collect();
+            let mut sorted = order.clone();
+            sorted.sort_unstable();
+            let mut all = ids.clone();
+            all.sort_unstable();
+            assert_eq!(sorted, all, "every live host once: {order:?}");
+            firsts.push(order[0]);
+        }
+        // Successive requests start at successive hosts, each host first equally often.
+        for id in &ids {
+            assert_eq!(firsts.iter().filter(|first| *first == id).count(), 2);
+        }
+        assert_ne!(firsts[0], firsts[1]);
+        assert_ne!(firsts[1], firsts[2]);
+    }
+}
