@@ -13,7 +13,8 @@ from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
 PROTO_ROOT = HERE.parent.parent / "proto"
-CONTRACTS = ["llm", "events", "worker", "discovery"]
+# Closed under imports: events.proto imports router.proto (a synced free's TerminalPath).
+CONTRACTS = ["llm", "events", "worker", "discovery", "router"]
 PACKAGE = "kvmesh_vllm._proto"
 
 
