@@ -1,5 +1,6 @@
 //! Block and sequence hashing (docs/kv-events.md, "Hashing").
 
+pub use kvmesh_core::IdentityHasher;
 use xxhash_rust::const_xxh3::const_custom_default_secret;
 use xxhash_rust::xxh3::{xxh3_64_with_secret, xxh3_64_with_seed};
 
@@ -123,8 +124,6 @@ pub fn kv_partition(worker_id: u64, partitions: u32) -> u32 {
     let partitions = u64::from(partitions.max(1));
     (xxh3_64_with_seed(&worker_id.to_le_bytes(), 0) % partitions) as u32
 }
-
-pub use kvmesh_core::IdentityHasher;
 
 /// A hash map keyed by block hashes ([`IdentityHasher`]).
 pub type BlockHashMap<V> = std::collections::HashMap<u64, V, kvmesh_core::BuildIdentityHasher>;
