@@ -2,11 +2,11 @@
 //! prefixes, so that work done for one prompt is reused by the next prompt sharing a prefix.
 //!
 //! A prompt is named by the keys of its prefixes at its cut points ([`PrefixCut`]): key `i`
-//! hashes the whole text up to cut `i`, so two prompts with an equal key share everything
-//! before that cut. A stored prompt keeps its values up to its last cut and, for every cut, how
-//! many of them lie before it. [`PrefixStore::longest`] finds the longest stored cut of a new
-//! prompt; the values before it are the new prompt's too. The store is bounded by bytes and
-//! evicts the least recently used prompt; a prompt that extends (or repeats) a stored one
+//! names the whole text up to cut `i`, so two prompts with an equal key share everything
+//! before that cut. A stored prompt is a [`PrefixEntry`] of the caller's making, holding its
+//! values and its keys. [`PrefixStore::find`] and [`PrefixStore::longest`] find a stored prompt
+//! by a key; the values before that cut are the new prompt's too. The store is bounded by bytes
+//! and evicts the least recently used prompt; a prompt that extends (or repeats) a stored one
 //! replaces it, so a growing conversation holds one entry, not one per turn.
 
 use std::collections::{BTreeMap, HashMap};
@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use crate::BuildIdentityHasher;
 
 /// What one stored prompt costs besides its values: a key and a map slot per cut point.
-const BYTES_PER_CUT: usize = 48;
+pub const BYTES_PER_CUT: usize = 48;
 
 /// One cut point of a prompt: the key of the text before it and the prompt's tokens before it.
 /// Equal keys promise equal token prefixes (the key hashes the text, and the cuts lie where the
@@ -59,47 +59,45 @@ impl std::ops::Add for PrefixStats {
     }
 }
 
-/// The longest stored prefix of a prompt.
-#[derive(Debug, Clone)]
-pub struct PrefixHit<T> {
-    /// Index of the cut (into the keys looked up).
-    pub cut: usize,
-    /// The stored prompt's values; the first `len` are the new prompt's.
-    pub values: Arc<[T]>,
-    /// Values before the cut.
-    pub len: usize,
-    /// Values before each of the looked-up cuts up to and including `cut`, when the store still
-    /// knows them all (it forgets a key whose owner was evicted); spares the caller finding them.
-    pub lens: Option<Vec<usize>>,
+/// One stored prompt, as its user shapes it: the store needs only its keys and its size.
+pub trait PrefixEntry {
+    /// The keys of the prompt's cuts, shortest prefix first.
+    fn keys(&self) -> &[u128];
+    /// Bytes it holds, counted against the store's bound (without [`BYTES_PER_CUT`]).
+    fn value_bytes(&self) -> usize;
 }
 
-impl<T> PrefixHit<T> {
-    /// The values the new prompt shares.
-    pub fn shared(&self) -> &[T] {
-        &self.values[..self.len]
-    }
+/// A stored prompt found by one of its keys.
+#[derive(Debug)]
+pub struct PrefixHit<E> {
+    /// Index of the key among those looked up ([`PrefixStore::longest`]; 0 for
+    /// [`PrefixStore::find`]).
+    pub cut: usize,
+    /// The stored prompt.
+    pub entry: Arc<E>,
+    /// Index of the key among the stored prompt's keys.
+    pub index: usize,
 }
 
 /// The store (see the module docs); share one behind an `Arc`.
-pub struct PrefixStore<T> {
+pub struct PrefixStore<E> {
     max_bytes: usize,
-    state: Mutex<State<T>>,
+    state: Mutex<State<E>>,
     hits: AtomicU64,
     misses: AtomicU64,
     reused: AtomicU64,
 }
 
-struct Entry<T> {
-    values: Arc<[T]>,
-    keys: Vec<u128>,
+struct Slot<E> {
+    entry: Arc<E>,
     last_used: u64,
     bytes: usize,
 }
 
-struct State<T> {
-    /// Prefix key → (entry, values before that cut). Keys are hash values themselves.
+struct State<E> {
+    /// Prefix key → (entry, index of the key in it). Keys are hash values themselves.
     cuts: HashMap<u128, (u64, usize), BuildIdentityHasher>,
-    entries: HashMap<u64, Entry<T>>,
+    entries: HashMap<u64, Slot<E>, BuildIdentityHasher>,
     /// Entries by last use, oldest first.
     by_use: BTreeMap<u64, u64>,
     bytes: usize,
@@ -107,14 +105,14 @@ struct State<T> {
     clock: u64,
 }
 
-impl<T: Copy> PrefixStore<T> {
+impl<E: PrefixEntry> PrefixStore<E> {
     /// A store holding at most `max_bytes` (0 = nothing is stored).
     pub fn new(max_bytes: usize) -> Self {
         Self {
             max_bytes,
             state: Mutex::new(State {
                 cuts: HashMap::default(),
-                entries: HashMap::new(),
+                entries: HashMap::default(),
                 by_use: BTreeMap::new(),
                 bytes: 0,
                 next_id: 0,
@@ -131,70 +129,67 @@ impl<T: Copy> PrefixStore<T> {
         self.max_bytes > 0
     }
 
-    /// The longest stored cut among `keys` (a prompt's prefix keys, shortest first), counted as a
-    /// hit or a miss; the found prompt becomes the most recently used.
-    pub fn longest(&self, keys: &[u128]) -> Option<PrefixHit<T>> {
-        let found = self.find_longest(keys);
-        match &found {
-            Some(hit) => {
+    /// The stored prompt holding `key`, which becomes the most recently used. Not counted:
+    /// the caller says with [`Self::record`] what the lookup of a whole prompt came to.
+    pub fn find(&self, key: u128) -> Option<PrefixHit<E>> {
+        let mut state = self.lock();
+        let &(id, index) = state.cuts.get(&key)?;
+        let entry = state.touch(id)?;
+        Some(PrefixHit {
+            cut: 0,
+            entry,
+            index,
+        })
+    }
+
+    /// The longest stored cut among `keys` (a prompt's prefix keys, shortest first); the found
+    /// prompt becomes the most recently used. Not counted (see [`Self::record`]).
+    pub fn longest(&self, keys: &[u128]) -> Option<PrefixHit<E>> {
+        let mut state = self.lock();
+        let (cut, id, index) = keys
+            .iter()
+            .enumerate()
+            .rev()
+            .find_map(|(i, key)| state.cuts.get(key).map(|&(id, index)| (i, id, index)))?;
+        let entry = state.touch(id)?;
+        Some(PrefixHit { cut, entry, index })
+    }
+
+    /// Counts one prompt's lookup: a hit reusing `reused` values, or a miss.
+    pub fn record(&self, reused: Option<usize>) {
+        match reused {
+            Some(reused) => {
                 self.hits.fetch_add(1, Ordering::Relaxed);
-                self.reused.fetch_add(hit.len as u64, Ordering::Relaxed);
+                self.reused.fetch_add(reused as u64, Ordering::Relaxed);
             }
             None => {
                 self.misses.fetch_add(1, Ordering::Relaxed);
             }
         }
-        found
     }
 
-    fn find_longest(&self, keys: &[u128]) -> Option<PrefixHit<T>> {
-        let mut state = self.lock();
-        let (cut, entry_id, len) = keys
-            .iter()
-            .enumerate()
-            .rev()
-            .find_map(|(i, key)| state.cuts.get(key).map(|(id, n)| (i, *id, *n)))?;
-        state.clock += 1;
-        let now = state.clock;
-        let entry = state.entries.get_mut(&entry_id)?;
-        let previous = std::mem::replace(&mut entry.last_used, now);
-        let values = entry.values.clone();
-        state.by_use.remove(&previous);
-        state.by_use.insert(now, entry_id);
-        let lens = keys[..=cut]
-            .iter()
-            .map(|key| state.cuts.get(key).map(|(_, n)| *n))
-            .collect();
-        Some(PrefixHit {
-            cut,
-            values,
-            len,
-            lens,
-        })
-    }
-
-    /// Stores a prompt: `keys[i]` is the key of cut `i`, `lens[i]` how many of `values` lie
-    /// before it (non-decreasing). Values past the last cut are not kept. A prompt larger than
-    /// the whole bound is not stored.
-    pub fn insert(&self, keys: Vec<u128>, lens: &[usize], values: &[T]) {
-        debug_assert_eq!(keys.len(), lens.len());
-        let held = lens.last().copied().unwrap_or(0).min(values.len());
-        if keys.is_empty() || keys.len() != lens.len() {
-            return;
-        }
-        let bytes = held * std::mem::size_of::<T>() + keys.len() * BYTES_PER_CUT;
-        if bytes > self.max_bytes {
+    /// Stores a prompt. A prompt without keys, or larger than the whole bound, is not stored.
+    pub fn insert(&self, entry: E) {
+        let keys = entry.keys();
+        let bytes = entry.value_bytes() + keys.len() * BYTES_PER_CUT;
+        if keys.is_empty() || bytes > self.max_bytes {
             return;
         }
         let mut state = self.lock();
         // A prompt that extends a stored one (or repeats it) holds all of its cuts: the older
-        // copy goes. Keys hash whole prefixes, so the older one's cuts are all here when its
+        // copy goes. Keys name whole prefixes, so the older one's cuts are all here when its
         // last one is at the same position here.
-        let longest_known = keys.iter().rev().find_map(|key| state.cuts.get(key));
-        if let Some(&(older, _)) = longest_known
-            && state.entries.get(&older).is_some_and(|entry| {
-                entry.keys.last() == keys.get(entry.keys.len().wrapping_sub(1))
-            })
+        let longest_known = keys
+            .iter()
+            .enumerate()
+            .rev()
+            .find_map(|(i, key)| state.cuts.get(key).map(|&(id, index)| (i, id, index)));
+        if let Some((at, older, index)) = longest_known
+            && at == index
+            && state
+                .entries
+                .get(&older)
+                .is_some_and(|slot| slot.entry.keys().len() == index + 1)
         {
             state.remove(older);
         }
@@ -207,16 +202,15 @@ impl<T: Copy> PrefixStore<T> {
         state.clock += 1;
         state.next_id += 1;
         let (id, now) = (state.next_id, state.clock);
-        for (key, len) in keys.iter().zip(lens) {
-            state.cuts.insert(*key, (id, (*len).min(held)));
+        for (index, key) in keys.iter().enumerate() {
+            state.cuts.insert(*key, (id, index));
         }
         state.by_use.insert(now, id);
         state.bytes += bytes;
         state.entries.insert(
             id,
-            Entry {
-                values: values[..held].into(),
-                keys,
+            Slot {
+                entry: Arc::new(entry),
                 last_used: now,
                 bytes,
             },
@@ -238,19 +232,31 @@ impl<T: Copy> PrefixStore<T> {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State<T>> {
+    fn lock(&self) -> MutexGuard<'_, State<E>> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
-impl<T> State<T> {
+impl<E: PrefixEntry> State<E> {
+    /// The entry `id`, now the most recently used.
+    fn touch(&mut self, id: u64) -> Option<Arc<E>> {
+        self.clock += 1;
+        let now = self.clock;
+        let slot = self.entries.get_mut(&id)?;
+        let previous = std::mem::replace(&mut slot.last_used, now);
+        let entry = slot.entry.clone();
+        self.by_use.remove(&previous);
+        self.by_use.insert(now, id);
+        Some(entry)
+    }
+
     fn remove(&mut self, id: u64) {
-        let Some(entry) = self.entries.remove(&id) else {
+        let Some(slot) = self.entries.remove(&id) else {
             return;
         };
-        self.by_use.remove(&entry.last_used);
-        self.bytes -= entry.bytes;
-        for key in &entry.keys {
+        self.by_use.remove(&slot.last_used);
+        self.bytes -= slot.bytes;
+        for key in slot.entry.keys() {
             if self.cuts.get(key).is_some_and(|(owner, _)| *owner == id) {
                 self.cuts.remove(key);
             }
@@ -262,18 +268,51 @@ impl<T> State<T> {
 mod tests {
     use super::*;
 
+    /// A stored prompt of the tests: its keys and, per key, the values before that cut.
+    struct Prompt {
+        keys: Vec<u128>,
+        lens: Vec<usize>,
+        values: Vec<u32>,
+    }
+
+    impl PrefixEntry for Prompt {
+        fn keys(&self) -> &[u128] {
+            &self.keys
+        }
+
+        fn value_bytes(&self) -> usize {
+            self.values.len() * 4
+        }
+    }
+
+    fn prompt(keys: Vec<u128>, lens: &[usize], values: &[u32]) -> Prompt {
+        Prompt {
+            keys,
+            lens: lens.to_vec(),
+            values: values.to_vec(),
+        }
+    }
+
     fn keys(n: u128) -> Vec<u128> {
         (1..=n).collect()
     }
 
     #[test]
     fn longest_stored_cut_gives_the_values_before_it() {
-        let store = PrefixStore::<u32>::new(1 << 20);
-        store.insert(keys(3), &[2, 4, 6], &[10, 11, 12, 13, 14, 15, 16]);
+        let store = PrefixStore::new(1 << 20);
+        store.insert(prompt(keys(3), &[2, 4, 6], &[10, 11, 12, 13, 14, 15]));
         let hit = store.longest(&[1, 2, 99]).unwrap();
-        assert_eq!((hit.cut, hit.shared()), (1, &[10, 11, 12, 13][..]));
-        assert_eq!(hit.lens, Some(vec![2, 4]));
+        assert_eq!((hit.cut, hit.index), (1, 1));
+        assert_eq!(
+            &hit.entry.values[..hit.entry.lens[hit.index]],
+            &[10, 11, 12, 13]
+        );
         assert!(store.longest(&[98, 99]).is_none());
+        let found = store.find(3).unwrap();
+        assert_eq!((found.cut, found.index), (0, 2));
+        assert!(store.find(99).is_none());
+        store.record(Some(4));
+        store.record(None);
         let stats = store.stats();
         assert_eq!((stats.hits, stats.misses, stats.reused), (1, 1, 4));
         assert_eq!(stats.entries, 1);
@@ -281,41 +320,44 @@ mod tests {
 
     #[test]
     fn an_extending_prompt_replaces_the_one_it_extends() {
-        let store = PrefixStore::<u32>::new(1 << 20);
-        store.insert(keys(2), &[1, 2], &[1, 2]);
-        store.insert(keys(3), &[1, 2, 3], &[1, 2, 3]);
+        let store = PrefixStore::new(1 << 20);
+        store.insert(prompt(keys(2), &[1, 2], &[1, 2]));
+        store.insert(prompt(keys(3), &[1, 2, 3], &[1, 2, 3]));
         assert_eq!(store.stats().entries, 1);
-        assert_eq!(store.longest(&keys(3)).unwrap().len, 3);
+        assert_eq!(store.longest(&keys(3)).unwrap().index, 2);
         // A branch off the shared prefix is a second entry.
-        store.insert(vec![1, 2, 77], &[1, 2, 3], &[1, 2, 9]);
+        store.insert(prompt(vec![1, 2, 77], &[1, 2, 3], &[1, 2, 9]));
         assert_eq!(store.stats().entries, 2);
+        // So is a prompt sharing only a shorter prefix of a stored one.
+        store.insert(prompt(vec![1, 55], &[1, 2], &[1, 5]));
+        assert_eq!(store.stats().entries, 3);
     }
 
     #[test]
     fn stays_within_its_bound_evicting_the_least_recently_used() {
         let per_entry = 100 * 4 + BYTES_PER_CUT;
-        let store = PrefixStore::<u32>::new(3 * per_entry);
-        for prompt in 0..10u128 {
-            store.insert(vec![prompt * 1000], &[100], &[7; 100]);
-            if prompt >= 1 {
+        let store = PrefixStore::new(3 * per_entry);
+        for key in 0..10u128 {
+            store.insert(prompt(vec![key * 1000], &[100], &[7; 100]));
+            if key >= 1 {
                 // Keep prompt 0 recently used.
                 assert!(store.longest(&[0]).is_some());
             }
             assert!(store.stats().bytes as usize <= 3 * per_entry);
         }
-        assert!(store.longest(&[0]).is_some());
-        assert!(store.longest(&[1000]).is_none());
+        assert!(store.find(0).is_some());
+        assert!(store.find(1000).is_none());
         assert_eq!(store.stats().entries, 3);
     }
 
     #[test]
     fn a_prompt_over_the_bound_or_a_zero_bound_stores_nothing() {
-        let store = PrefixStore::<u64>::new(64);
-        store.insert(vec![1], &[100], &[0; 100]);
+        let store = PrefixStore::new(64);
+        store.insert(prompt(vec![1], &[100], &[0; 100]));
         assert_eq!(store.stats().entries, 0);
-        let off = PrefixStore::<u64>::new(0);
+        let off = PrefixStore::new(0);
         assert!(!off.is_enabled());
-        off.insert(vec![1], &[1], &[0]);
-        assert!(off.longest(&[1]).is_none());
+        off.insert(prompt(vec![1], &[1], &[0]));
+        assert!(off.find(1).is_none());
     }
 }

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use kvmesh_llm::openai::ChatCompletionRequest;
-use kvmesh_llm::{ModelDir, PrefixCache, TokenizerEngine};
+use kvmesh_llm::{ModelDir, PrefixCache, Tokenizer, TokenizerEngine};
 use proptest::prelude::*;
 
 const TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/tiny");
@@ -162,4 +162,68 @@ fn concurrent_requests_share_the_cache_safely() {
         thread.join().unwrap();
     }
     assert!(cache.stats().hits > 0);
+}
+
+/// Checks each text's ids and cuts from `cache` against the whole-text encoding and an empty
+/// cache's cuts.
+fn check_texts(tokenizer: &Tokenizer, cache: &PrefixCache, texts: &[String]) {
+    for text in texts {
+        let got = cache.encode_with_cuts(tokenizer, text).unwrap();
+        assert_eq!(got.ids, tokenizer.encode(text, false).unwrap(), "{text:?}");
+        let fresh = PrefixCache::new(1 << 20)
+            .encode_with_cuts(tokenizer, text)
+            .unwrap();
+        assert_eq!(got.cuts, fresh.cuts, "{text:?}");
+    }
+}
+
+#[test]
+fn a_stored_cut_is_not_taken_where_a_longer_token_matches_the_new_text() {
+    // `<x>` and `<x>y` are both special: a prompt that stored a cut after `<x>z` shares the
+    // text up to that cut with one that goes on `<x>y`, where the longer token matches instead.
+    let mut inner = tokenizers::Tokenizer::from_file(format!("{TINY}/tokenizer.json")).unwrap();
+    inner
+        .add_special_tokens([
+            tokenizers::AddedToken::from("<x>", true),
+            tokenizers::AddedToken::from("<x>y", true),
+        ])
+        .unwrap();
+    let tokenizer = Tokenizer::new(inner);
+    let cache = PrefixCache::new(1 << 20);
+    let body = "The quick brown fox. ".repeat(20);
+    let texts: Vec<String> = ["<x>zz", "<x>yz", "<x>y", "<x>", "<x>zz<|im_end|>"]
+        .iter()
+        .map(|tail| format!("<|im_start|>{body}{tail}<|im_end|>\nend"))
+        .collect();
+    check_texts(&tokenizer, &cache, &texts);
+    assert!(cache.stats().hits >= 4, "{:?}", cache.stats());
+}
+
+#[test]
+fn conversations_sharing_a_system_prompt_each_find_their_own_history() {
+    let model = ModelDir::load(TINY).unwrap();
+    let cache = PrefixCache::new(1 << 22);
+    let system = ("system".to_string(), PIECES.concat().repeat(5));
+    let mut conversations: Vec<Vec<(String, String)>> = (0..6)
+        .map(|c| vec![system.clone(), ("user".into(), format!("conversation {c}"))])
+        .collect();
+    for turn in 0..4 {
+        for (c, history) in conversations.iter_mut().enumerate() {
+            let prompt = render(&model, history, true);
+            let before = cache.stats();
+            check_texts(model.tokenizer(), &cache, std::slice::from_ref(&prompt));
+            let after = cache.stats();
+            if turn > 0 {
+                // The previous turn's prompt, bar its generation prompt, is reused.
+                let whole = model.tokenizer().encode(&prompt, false).unwrap().len() as u64;
+                assert!(
+                    (after.reused - before.reused) * 10 > whole * 9,
+                    "turn {turn} of {c}: {before:?} -> {after:?} of {whole}"
+                );
+            }
+            history.push(("assistant".into(), PIECES[(turn + c) % PIECES.len()].into()));
+            history.push(("user".into(), format!("turn {turn} of {c}")));
+        }
+    }
+    assert_eq!(cache.stats().entries, 6);
 }

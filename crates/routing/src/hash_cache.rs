@@ -7,13 +7,32 @@
 //! salt), so prompts that hash differently never share. A wrong key (from a caller that lies)
 //! can only misplace that caller's own requests: the hashes steer routing, not generation.
 
-use kvmesh_core::prefix::{PrefixCut, PrefixStats, PrefixStore};
+use kvmesh_core::prefix::{PrefixCut, PrefixEntry, PrefixStats, PrefixStore};
 use kvmesh_kv::{BlockHasher, chain_seq_hash};
 
 /// The cache of one model's router (one block size); share it behind an `Arc`.
 pub struct BlockHashCache {
-    /// (local, sequence) hash of each block, per prompt.
-    store: PrefixStore<(u64, u64)>,
+    store: PrefixStore<HashedPrompt>,
+}
+
+/// One stored prompt: its blocks' hashes up to its last cut.
+struct HashedPrompt {
+    /// Keys of its cuts (salted with the seed and block size).
+    keys: Vec<u128>,
+    /// Full blocks before each cut.
+    blocks: Vec<usize>,
+    /// (local, sequence) hash of each block.
+    hashes: Vec<(u64, u64)>,
+}
+
+impl PrefixEntry for HashedPrompt {
+    fn keys(&self) -> &[u128] {
+        &self.keys
+    }
+
+    fn value_bytes(&self) -> usize {
+        self.hashes.len() * std::mem::size_of::<(u64, u64)>()
+    }
 }
 
 impl BlockHashCache {
@@ -42,16 +61,29 @@ impl BlockHashCache {
         }
         let salt = u128::from(seed) << 64 | block_size as u128;
         let keys: Vec<u128> = cuts.iter().map(|cut| cut.key ^ salt).collect();
-        let lens: Vec<usize> = cuts
+        let blocks: Vec<usize> = cuts
             .iter()
             .map(|cut| cut.tokens as usize / block_size)
             .collect();
         let hit = self.store.longest(&keys);
-        let shared = hit.as_ref().map_or(&[][..], |hit| hit.shared());
+        let shared = hit.as_ref().map_or(&[][..], |hit| {
+            let held = &hit.entry.hashes;
+            &held[..hit.entry.blocks[hit.index].min(held.len())]
+        });
         let shared = &shared[..shared.len().min(num_blocks)];
+        self.store.record(hit.as_ref().map(|_| shared.len()));
         let (local, seq) = hash_from(tokens, block_size, seed, shared);
-        let pairs: Vec<(u64, u64)> = local.iter().copied().zip(seq.iter().copied()).collect();
-        self.store.insert(keys, &lens, &pairs);
+        let held = blocks.last().map_or(0, |&last| last.min(num_blocks));
+        let hashes = local[..held]
+            .iter()
+            .copied()
+            .zip(seq[..held].iter().copied())
+            .collect();
+        self.store.insert(HashedPrompt {
+            keys,
+            blocks,
+            hashes,
+        });
         (local, seq)
     }
 

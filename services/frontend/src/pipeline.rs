@@ -124,7 +124,7 @@ impl Pipeline {
                 let text = template.render_request_with(&request, exclude_tools)?;
                 let render_time = rendering.elapsed();
                 let tokenizing = Instant::now();
-                let prompt = timed(&latency, || cache.encode_with_cuts(&tokenizer, &text))?;
+                let prompt = timed(&latency, || cache.encode_with_cuts(&tokenizer, text))?;
                 Ok::<_, FrontendError>((prompt, render_time, tokenizing.elapsed()))
             })
             .await?;

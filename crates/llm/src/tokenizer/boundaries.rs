@@ -3,7 +3,7 @@
 //! normalizer, pre-tokenizer or BPE merge runs, so the ids of `a + b`, cut there, are the ids
 //! of `a` followed by the ids of `b` (docs/tokenization.md, "Prefix cache").
 
-use aho_corasick::{AhoCorasick, MatchKind};
+use aho_corasick::{AhoCorasick, Input, MatchKind};
 
 /// The cut points of one tokenizer, found the way it finds its added tokens (leftmost-longest
 /// over the tokens matched on raw text).
@@ -15,6 +15,8 @@ pub struct Boundaries {
     cut_ids: Vec<u32>,
     /// Seeds prefix keys: the same text under another tokenizer is another prefix.
     namespace: u64,
+    /// Bytes of the longest token matched on raw text.
+    max_token_len: usize,
 }
 
 impl Boundaries {
@@ -50,21 +52,43 @@ impl Boundaries {
             .build(raw.iter().map(|(_, token)| token.content.as_str()))
             .ok()?;
         let namespace = xxhash_rust::xxh3::xxh3_64(inner.to_string(false).ok()?.as_bytes());
+        let max_token_len = raw
+            .iter()
+            .map(|(_, token)| token.content.len())
+            .max()
+            .unwrap_or(0);
         Some(Self {
             matcher,
             is_cut,
             cut_ids,
             namespace,
+            max_token_len,
         })
     }
 
     /// Byte offsets in `text` right after each token a cut may follow, ascending.
     pub fn find(&self, text: &str) -> Vec<usize> {
-        self.matcher
-            .find_iter(text)
-            .filter(|m| self.is_cut[m.pattern().as_usize()])
-            .map(|m| m.end())
-            .collect()
+        std::iter::successors(self.next_cut(text, 0), |&cut| self.next_cut(text, cut)).collect()
+    }
+
+    /// The first cut after byte `from`, which must be 0 or a cut: the search goes on from
+    /// there exactly as a search of the whole text does (leftmost-longest matches resume where
+    /// the last one ended).
+    pub fn next_cut(&self, text: &str, from: usize) -> Option<usize> {
+        let mut at = from;
+        loop {
+            let found = self.matcher.find(Input::new(text).span(at..text.len()))?;
+            if self.is_cut[found.pattern().as_usize()] {
+                return Some(found.end());
+            }
+            at = found.end();
+        }
+    }
+
+    /// Bytes of the longest token matched on raw text: two texts that agree up to this many
+    /// bytes past a cut have the same cuts up to it.
+    pub fn max_token_len(&self) -> usize {
+        self.max_token_len
     }
 
     /// Whether `id` is a token a cut may follow.
