@@ -217,6 +217,7 @@ impl ModelRouter {
         let mut last_error = None;
         let mut timings = StartTimings::default();
         let mut attempt = 0;
+        let mut missed_table = false;
         while attempt < num_attempts {
             if !tried.is_empty() {
                 let allowed = untried_workers(
@@ -256,18 +257,25 @@ impl ModelRouter {
             timings.hash += hashing;
             timings.route += deciding.elapsed().saturating_sub(hashing);
             let decision = lease.decision();
-            let worker_id = decision.worker_id;
-            if let Some(rank) = decision.dp_rank {
-                this_request.routing.get_or_insert_default().dp_rank = Some(rank);
-            }
+            let (worker_id, dp_rank) = (decision.worker_id, decision.dp_rank);
             let Some(worker) = workers.iter().find(|w| w.id == worker_id) else {
-                // Decided for a worker this table version does not list (a race with discovery).
+                // Decided for a worker this table version does not list (a race with discovery:
+                // the decider already knows a worker that joined after this version). The next
+                // decision is held to this version's workers; only a repeat costs an attempt.
                 lease.finish(TerminalPath::Error);
                 tried.push(worker_id);
                 last_error = Some(RouteError::NoEndpoint);
-                attempt += 1;
+                if request.is_none() {
+                    request = Some(this_request);
+                }
+                if std::mem::replace(&mut missed_table, true) {
+                    attempt += 1;
+                }
                 continue;
             };
+            if let Some(rank) = dp_rank {
+                this_request.routing.get_or_insert_default().dp_rank = Some(rank);
+            }
             let dispatching = Instant::now();
             let span = options.trace.child("worker_generate", SpanKind::Client);
             trace::attempt(&span, worker_id, attempt);

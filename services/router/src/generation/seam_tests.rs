@@ -138,3 +138,34 @@ async fn without_migration_the_deadline_is_a_timeout_error() {
     assert!(router.with_core(|core, _| core.is_worker_ejected(1)));
     assert_eq!(router.with_core(|core, _| core.num_tracked()), 0);
 }
+
+#[tokio::test]
+async fn a_decision_for_a_worker_newer_than_the_table_goes_to_a_listed_one() {
+    // The decider knows workers 1 and 2 (round robin picks 1 first); this table version was
+    // taken before worker 1 joined and lists worker 2 alone.
+    let mut core =
+        RouterCore::new(RouterConfig::with_mode(RouterMode::RoundRobin), "m", 16, 1).unwrap();
+    core.upsert_worker(WorkerInfo::new(1), Duration::ZERO);
+    core.upsert_worker(WorkerInfo::new(2), Duration::ZERO);
+    let router = SharedRouter::new(core, Arc::new(kvmesh_routing::MonotonicClock::new()));
+    let decider = Arc::new(LocalDecider {
+        router: router.clone(),
+        indexer: None,
+    });
+    let workers = vec![WorkerRef::new(2, Arc::new(Answers))];
+    let policy = MigrationPolicy {
+        limit: 0,
+        max_seq_len: None,
+    };
+    let model = ModelRouter::new("m", decider, workers, policy, Arc::new(NoObserver));
+    for _ in 0..4 {
+        let mut generation = model
+            .generate(request(), options(FirstResponseWait::Full))
+            .await
+            .unwrap();
+        assert_eq!(generation.worker_id(), 2);
+        assert_eq!(generation.next().await.unwrap().unwrap().token_ids, vec![7]);
+        drop(generation);
+    }
+    assert_eq!(router.with_core(|core, _| core.num_tracked()), 0);
+}
