@@ -1,5 +1,6 @@
 //! The seam against workers that misbehave: a stalled worker is given up at its own
 //! first-response deadline (no override), the request moves, and the worker's failure is counted.
+//! A decision for a worker newer than the table version goes to a listed worker.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,12 +40,13 @@ impl WorkerEndpoint for Answers {
     }
 }
 
-fn model(migration_limit: u32) -> (ModelRouter, SharedRouter) {
-    let mut config = RouterConfig::with_mode(RouterMode::RoundRobin);
-    config.ejection = EjectionConfig {
-        consecutive_failures: 1,
-        ..EjectionConfig::default()
-    };
+/// A round-robin seam whose decider knows workers 1 and 2 (worker 1 is decided first), over
+/// the table version `workers`.
+fn seam(
+    config: RouterConfig,
+    workers: Vec<WorkerRef>,
+    migration_limit: u32,
+) -> (ModelRouter, SharedRouter) {
     let mut core = RouterCore::new(config, "m", 16, 1).unwrap();
     core.upsert_worker(WorkerInfo::new(1), Duration::ZERO);
     core.upsert_worker(WorkerInfo::new(2), Duration::ZERO);
@@ -53,6 +55,20 @@ fn model(migration_limit: u32) -> (ModelRouter, SharedRouter) {
         router: router.clone(),
         indexer: None,
     });
+    let policy = MigrationPolicy {
+        limit: migration_limit,
+        max_seq_len: None,
+    };
+    let model = ModelRouter::new("m", decider, workers, policy, Arc::new(NoObserver));
+    (model, router)
+}
+
+fn model(migration_limit: u32) -> (ModelRouter, SharedRouter) {
+    let mut config = RouterConfig::with_mode(RouterMode::RoundRobin);
+    config.ejection = EjectionConfig {
+        consecutive_failures: 1,
+        ..EjectionConfig::default()
+    };
     // Round robin tries worker 1 (stalled) first; its card says it answers within 200 ms.
     let workers = vec![
         WorkerRef {
@@ -61,12 +77,7 @@ fn model(migration_limit: u32) -> (ModelRouter, SharedRouter) {
         },
         WorkerRef::new(2, Arc::new(Answers)),
     ];
-    let policy = MigrationPolicy {
-        limit: migration_limit,
-        max_seq_len: None,
-    };
-    let model = ModelRouter::new("m", decider, workers, policy, Arc::new(NoObserver));
-    (model, router)
+    seam(config, workers, migration_limit)
 }
 
 fn options(wait: FirstResponseWait) -> GenerateOptions {
@@ -141,23 +152,12 @@ async fn without_migration_the_deadline_is_a_timeout_error() {
 
 #[tokio::test]
 async fn a_decision_for_a_worker_newer_than_the_table_goes_to_a_listed_one() {
-    // The decider knows workers 1 and 2 (round robin picks 1 first); this table version was
-    // taken before worker 1 joined and lists worker 2 alone.
-    let mut core =
-        RouterCore::new(RouterConfig::with_mode(RouterMode::RoundRobin), "m", 16, 1).unwrap();
-    core.upsert_worker(WorkerInfo::new(1), Duration::ZERO);
-    core.upsert_worker(WorkerInfo::new(2), Duration::ZERO);
-    let router = SharedRouter::new(core, Arc::new(kvmesh_routing::MonotonicClock::new()));
-    let decider = Arc::new(LocalDecider {
-        router: router.clone(),
-        indexer: None,
-    });
-    let workers = vec![WorkerRef::new(2, Arc::new(Answers))];
-    let policy = MigrationPolicy {
-        limit: 0,
-        max_seq_len: None,
-    };
-    let model = ModelRouter::new("m", decider, workers, policy, Arc::new(NoObserver));
+    // This table version was taken before worker 1 joined and lists worker 2 alone.
+    let (model, router) = seam(
+        RouterConfig::with_mode(RouterMode::RoundRobin),
+        vec![WorkerRef::new(2, Arc::new(Answers))],
+        0,
+    );
     for _ in 0..4 {
         let mut generation = model
             .generate(request(), options(FirstResponseWait::Full))
