@@ -98,6 +98,17 @@ fn request() -> GenerateRequest {
     }
 }
 
+/// Runs one non-streaming request to its answer (checked) and gives the worker that answered.
+async fn answering_worker(model: &ModelRouter) -> u64 {
+    let mut generation = model
+        .generate(request(), options(FirstResponseWait::Full))
+        .await
+        .unwrap();
+    let worker_id = generation.worker_id();
+    assert_eq!(generation.next().await.unwrap().unwrap().token_ids, vec![7]);
+    worker_id
+}
+
 #[tokio::test]
 async fn a_stalled_stream_moves_at_the_workers_first_response_deadline() {
     let (model, router) = model(3);
@@ -127,12 +138,7 @@ async fn a_stalled_stream_moves_at_the_workers_first_response_deadline() {
 async fn a_stalled_start_moves_within_the_migration_budget() {
     let (model, _router) = model(1);
     // A non-streaming start waits for the first response itself.
-    let mut generation = model
-        .generate(request(), options(FirstResponseWait::Full))
-        .await
-        .unwrap();
-    assert_eq!(generation.worker_id(), 2);
-    assert_eq!(generation.next().await.unwrap().unwrap().token_ids, vec![7]);
+    assert_eq!(answering_worker(&model).await, 2);
 }
 
 #[tokio::test]
@@ -159,13 +165,7 @@ async fn a_decision_for_a_worker_newer_than_the_table_goes_to_a_listed_one() {
         0,
     );
     for _ in 0..4 {
-        let mut generation = model
-            .generate(request(), options(FirstResponseWait::Full))
-            .await
-            .unwrap();
-        assert_eq!(generation.worker_id(), 2);
-        assert_eq!(generation.next().await.unwrap().unwrap().token_ids, vec![7]);
-        drop(generation);
+        assert_eq!(answering_worker(&model).await, 2);
     }
     assert_eq!(router.with_core(|core, _| core.num_tracked()), 0);
 }
