@@ -4,13 +4,12 @@
 
 use std::sync::Arc;
 
-use futures::future::Either;
 use futures::{Stream, StreamExt};
 use kvmesh_proto::v1::GenerateRequest;
 use kvmesh_router::Generation;
 
 use crate::error::FrontendError;
-use crate::generate::{self, GenerateOptions, TextDelta, TokenUsage};
+use crate::generate::{self, DeltaStream, GenerateOptions, TextDelta, TokenUsage};
 use crate::metrics::ModelMetrics;
 use crate::models::ModelEntry;
 use crate::pipeline::OutputProcessor;
@@ -58,7 +57,7 @@ pub fn text_deltas(
     metrics: &ModelMetrics,
     timer: RequestTimer,
     request_id: &str,
-) -> impl Stream<Item = Result<TextDelta, FrontendError>> + Send + use<> {
+) -> DeltaStream {
     let mut choices: Vec<_> = generations
         .into_iter()
         .zip(outputs)
@@ -81,9 +80,9 @@ pub fn text_deltas(
     if choices.len() == 1
         && let Some(only) = choices.pop()
     {
-        return Either::Left(only);
+        return only;
     }
-    Either::Right(merge(choices))
+    merge(choices).boxed()
 }
 
 /// Merges the deltas of a request's choices, tagging each with its choice index. A finishing

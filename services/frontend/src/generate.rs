@@ -5,7 +5,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use futures::Stream;
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use kvmesh_llm::openai::{FinishReason as OpenAiFinish, ToolCallDelta};
 use kvmesh_proto::v1::{FinishReason, GenerateRequest, TokenLogprob};
 pub use kvmesh_router::{FirstResponseWait, GenerateOptions, Generation};
@@ -14,6 +15,11 @@ use crate::error::FrontendError;
 use crate::models::ModelEntry;
 use crate::pipeline::OutputProcessor;
 use crate::preprocess::RequestTimer;
+
+/// The text deltas of a started request. Boxed once where they are made: the stream holds the
+/// generation and its output processor (kilobytes), and every layer above (choices, the
+/// endpoint's framer, a unary fold) would otherwise move and pin a copy of it.
+pub type DeltaStream = BoxStream<'static, Result<TextDelta, FrontendError>>;
 
 /// Token accounting reported to the client.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -85,7 +91,7 @@ pub fn text_deltas(
     metrics: crate::metrics::ModelMetrics,
     mut timer: RequestTimer,
     request_id: String,
-) -> impl Stream<Item = Result<TextDelta, FrontendError>> + Send {
+) -> DeltaStream {
     let begin = Instant::now();
     timer.record_started(&generation);
     metrics.router_requests.inc();
@@ -175,6 +181,7 @@ pub fn text_deltas(
             }
         }
     }
+    .boxed()
 }
 
 /// Holds one count of a gauge (queued, active) until dropped.

@@ -44,10 +44,10 @@ impl Prepared {
         self.inputs.streaming
     }
 
-    /// The caller's trace context from the call's metadata (`traceparent`, `tracestate`): the
-    /// request's span becomes its child (docs/tracing.md).
-    pub fn with_trace_from(mut self, metadata: &tonic::metadata::MetadataMap) -> Self {
-        self.parent = Trace::from_metadata(metadata);
+    /// The caller's trace context, read from the call's metadata (`traceparent`, `tracestate`)
+    /// with `Trace::from_metadata`: the request's span becomes its child (docs/tracing.md).
+    pub fn with_parent(mut self, parent: Trace) -> Self {
+        self.parent = parent;
         self
     }
 }

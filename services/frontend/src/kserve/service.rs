@@ -16,6 +16,7 @@ use kvmesh_proto::inference::{
     ServerLiveResponse, ServerMetadataRequest, ServerMetadataResponse, ServerReadyRequest,
     ServerReadyResponse,
 };
+use kvmesh_runtime::otel::Trace;
 use kvmesh_runtime::{ErrorCode, GrpcErrorCode as _};
 use tonic::{Request, Response, Status, Streaming};
 
@@ -164,10 +165,10 @@ impl GrpcInferenceService for KserveService {
         request: Request<ModelInferRequest>,
     ) -> Result<Response<ModelInferResponse>, Status> {
         crate::auth::check_grpc(self.state.api_keys.as_deref(), request.metadata())?;
-        let metadata = request.metadata().clone();
+        let parent = Trace::from_metadata(request.metadata());
         let prepared = infer::prepare(&self.state, request.into_inner(), INFER_ENDPOINT, false)
             .map_err(|error| error.to_status())?
-            .with_trace_from(&metadata);
+            .with_parent(parent);
         infer::unary(&self.state, prepared, INFER_ENDPOINT)
             .await
             .map(Response::new)

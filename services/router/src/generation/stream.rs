@@ -125,7 +125,9 @@ impl Generation {
                 Ok(response) => return Some(Ok(self.account(response))),
                 Err(error) => {
                     self.span.fail(&error);
-                    if self.migrate(&error).await {
+                    // Boxed: a migration holds a whole route-and-start, which would otherwise
+                    // size every call's future (one per token) for a path rarely taken.
+                    if Box::pin(self.migrate(&error)).await {
                         continue;
                     }
                     self.end(terminal_path_of(&error));
