@@ -1,6 +1,7 @@
 //! What every kvmesh process shares: discovery, the event plane, configuration, telemetry,
 //! errors and graceful shutdown.
 
+pub mod allocator;
 pub mod config;
 pub mod connect;
 pub mod discovery;

@@ -2,6 +2,8 @@
 
 use kvmesh_frontend::FrontendOpts;
 
+kvmesh_runtime::global_allocator!();
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let opts: FrontendOpts = kvmesh_runtime::config::parse_args(|o: &FrontendOpts| &o.runtime);

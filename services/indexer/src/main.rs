@@ -2,6 +2,8 @@
 
 use kvmesh_indexer::IndexerOpts;
 
+kvmesh_runtime::global_allocator!();
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let opts: IndexerOpts = kvmesh_runtime::config::parse_args(|o: &IndexerOpts| &o.runtime);

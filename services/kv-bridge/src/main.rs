@@ -2,6 +2,8 @@
 
 use kvmesh_kv_bridge::BridgeOpts;
 
+kvmesh_runtime::global_allocator!();
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let opts: BridgeOpts = kvmesh_runtime::config::parse_args(|o: &BridgeOpts| &o.runtime);

@@ -12,6 +12,8 @@ mod up;
 
 use clap::{Parser, Subcommand};
 
+kvmesh_runtime::global_allocator!();
+
 /// kvmesh: a KV-cache-aware serving mesh for LLM inference.
 #[derive(Parser)]
 #[command(name = "kvmesh", version, about)]

@@ -2,6 +2,8 @@
 
 use kvmesh_mocker::MockerOpts;
 
+kvmesh_runtime::global_allocator!();
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let opts: MockerOpts = kvmesh_runtime::config::parse_args(|o: &MockerOpts| &o.runtime);

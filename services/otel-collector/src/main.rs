@@ -3,6 +3,8 @@
 use clap::Parser as _;
 use kvmesh_otel_collector::CollectorOpts;
 
+kvmesh_runtime::global_allocator!();
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let opts = CollectorOpts::parse();

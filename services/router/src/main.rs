@@ -2,6 +2,8 @@
 
 use kvmesh_router::server::RouterServiceOpts;
 
+kvmesh_runtime::global_allocator!();
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let opts: RouterServiceOpts =
