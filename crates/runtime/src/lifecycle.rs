@@ -9,6 +9,7 @@
 //! unreachable etcd alone never closes it, since nobody's view of the mesh changes meanwhile.
 
 mod serving;
+mod small_frames;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -219,6 +220,11 @@ impl ServiceLifecycle {
             )
             .http2_keepalive_interval(Some(crate::net::KEEPALIVE_INTERVAL))
             .http2_keepalive_timeout(Some(crate::net::KEEPALIVE_TIMEOUT))
+            .layer(tower::util::MapResponseLayer::new(
+                |response: http::Response<tonic::body::Body>| {
+                    response.map(small_frames::SmallFrames::new)
+                },
+            ))
             .add_routes(routes);
         match tls {
             None => self.spawn(async move {
