@@ -220,11 +220,7 @@ impl ServiceLifecycle {
             )
             .http2_keepalive_interval(Some(crate::net::KEEPALIVE_INTERVAL))
             .http2_keepalive_timeout(Some(crate::net::KEEPALIVE_TIMEOUT))
-            .layer(tower::util::MapResponseLayer::new(
-                |response: http::Response<tonic::body::Body>| {
-                    response.map(small_frames::SmallFrames::new)
-                },
-            ))
+            .layer(small_frames::layer())
             .add_routes(routes);
         match tls {
             None => self.spawn(async move {

@@ -11,6 +11,7 @@ use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
+use tower::util::MapResponseLayer;
 
 /// The largest DATA frame the HTTP/2 writer still copies into its buffer (it holds back
 /// payloads of 256 bytes or more).
@@ -79,6 +80,18 @@ where
         }
         hint
     }
+}
+
+/// A gRPC response whose small messages are re-framed.
+type Reframed = http::Response<SmallFrames<tonic::body::Body>>;
+
+/// The layer the lifecycle's gRPC servers wrap their routes in.
+pub fn layer() -> MapResponseLayer<fn(http::Response<tonic::body::Body>) -> Reframed> {
+    MapResponseLayer::new(reframe)
+}
+
+fn reframe(response: http::Response<tonic::body::Body>) -> Reframed {
+    response.map(SmallFrames::new)
 }
 
 /// Takes the next piece off `rest` (no copy: both share the buffer).
