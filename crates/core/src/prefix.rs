@@ -176,35 +176,48 @@ impl<E: PrefixEntry> PrefixStore<E> {
             return;
         }
         let mut state = self.lock();
-        // A prompt that extends a stored one (or repeats it) holds all of its cuts: the older
-        // copy goes. Keys name whole prefixes, so the older one's cuts are all here when its
-        // last one is at the same position here.
-        let longest_known = keys
+        // A prompt that extends (or repeats) a stored one holds all of its cuts: it takes the
+        // older one's place. Keys name whole prefixes, so the older one's cuts are all here
+        // when its last one is at the same position here; they keep pointing at the slot, and
+        // only the cuts past them are added (the shared ones are only looked up), so storing a
+        // conversation's turn costs little more than what it added.
+        let extended = keys
             .iter()
             .enumerate()
             .rev()
-            .find_map(|(i, key)| state.cuts.get(key).map(|&(id, index)| (i, id, index)));
-        if let Some((at, older, index)) = longest_known
-            && at == index
-            && state
-                .entries
-                .get(&older)
-                .is_some_and(|slot| slot.entry.keys().len() == index + 1)
-        {
-            state.remove(older);
-        }
+            .find_map(|(i, key)| state.cuts.get(key).map(|&(id, index)| (i, id, index)))
+            .filter(|&(at, older, index)| {
+                at == index
+                    && state
+                        .entries
+                        .get(&older)
+                        .is_some_and(|slot| slot.entry.keys().len() == index + 1)
+            });
+        let replaced = extended.and_then(|(_, older, _)| state.take(older));
         while state.bytes + bytes > self.max_bytes {
             let Some((_, oldest)) = state.by_use.pop_first() else {
                 break;
             };
             state.remove(oldest);
         }
-        state.clock += 1;
-        state.next_id += 1;
-        let (id, now) = (state.next_id, state.clock);
+        let (id, first_new) = match extended {
+            Some((at, older, _)) if replaced.is_some() => (older, at + 1),
+            _ => {
+                state.next_id += 1;
+                (state.next_id, 0)
+            }
+        };
         for (index, key) in keys.iter().enumerate() {
-            state.cuts.insert(*key, (id, index));
+            if index < first_new {
+                // Held already, by this slot or another prompt sharing the prefix; put back
+                // only if an evicted prompt took it along.
+                state.cuts.entry(*key).or_insert((id, index));
+            } else {
+                state.cuts.insert(*key, (id, index));
+            }
         }
+        state.clock += 1;
+        let now = state.clock;
         state.by_use.insert(now, id);
         state.bytes += bytes;
         state.entries.insert(
@@ -215,6 +228,8 @@ impl<E: PrefixEntry> PrefixStore<E> {
                 bytes,
             },
         );
+        drop(state);
+        drop(replaced);
     }
 
     /// Counters and size now.
@@ -250,12 +265,19 @@ impl<E: PrefixEntry> State<E> {
         Some(entry)
     }
 
-    fn remove(&mut self, id: u64) {
-        let Some(slot) = self.entries.remove(&id) else {
-            return;
-        };
+    /// Takes entry `id` out of use and size accounting, leaving its cuts in place (the caller
+    /// puts a prompt holding them all under the same id).
+    fn take(&mut self, id: u64) -> Option<Slot<E>> {
+        let slot = self.entries.remove(&id)?;
         self.by_use.remove(&slot.last_used);
         self.bytes -= slot.bytes;
+        Some(slot)
+    }
+
+    fn remove(&mut self, id: u64) {
+        let Some(slot) = self.take(id) else {
+            return;
+        };
         for key in slot.entry.keys() {
             if self.cuts.get(key).is_some_and(|(owner, _)| *owner == id) {
                 self.cuts.remove(key);
@@ -325,12 +347,47 @@ mod tests {
         store.insert(prompt(keys(3), &[1, 2, 3], &[1, 2, 3]));
         assert_eq!(store.stats().entries, 1);
         assert_eq!(store.longest(&keys(3)).unwrap().index, 2);
+        // The older cuts now find the extended prompt, and only its bytes are counted.
+        let found = store.find(1).unwrap();
+        assert_eq!((found.index, found.entry.values.len()), (0, 3));
+        assert_eq!(
+            store.stats().bytes as usize,
+            3 * 4 + 3 * BYTES_PER_CUT,
+            "the replaced prompt's bytes are released"
+        );
+        // Repeating it changes nothing.
+        store.insert(prompt(keys(3), &[1, 2, 3], &[1, 2, 3]));
+        assert_eq!(store.stats().entries, 1);
         // A branch off the shared prefix is a second entry.
         store.insert(prompt(vec![1, 2, 77], &[1, 2, 3], &[1, 2, 9]));
         assert_eq!(store.stats().entries, 2);
         // So is a prompt sharing only a shorter prefix of a stored one.
         store.insert(prompt(vec![1, 55], &[1, 2], &[1, 5]));
         assert_eq!(store.stats().entries, 3);
+    }
+
+    #[test]
+    fn a_conversation_keeps_its_cuts_when_a_branch_sharing_them_is_evicted() {
+        let per_cut = 4 + BYTES_PER_CUT;
+        let store = PrefixStore::new(6 * per_cut);
+        store.insert(prompt(keys(2), &[1, 2], &[1, 2]));
+        // A branch sharing cut 1 takes that key's slot in the map.
+        store.insert(prompt(vec![1, 50], &[1, 2], &[1, 5]));
+        // The conversation grows past its own cuts, then is used, so the branch is older.
+        store.insert(prompt(keys(4), &[1, 2, 3, 4], &[1, 2, 3, 4]));
+        assert_eq!(store.longest(&keys(4)).unwrap().index, 3);
+        // A third prompt needs room: the branch, least recently used, goes with its keys.
+        store.insert(prompt(vec![900], &[1], &[9]));
+        assert!(store.find(50).is_none());
+        // The shared cut may have gone with the branch; the conversation's next turn holds it.
+        store.insert(prompt(keys(5), &[1, 2, 3, 4, 5], &[1, 2, 3, 4, 5]));
+        assert_eq!(store.find(1).unwrap().entry.values.len(), 5);
+        for key in 2..=5u128 {
+            let found = store.find(key).expect("the conversation's own cuts stay");
+            assert_eq!(found.index as u128, key - 1);
+            assert_eq!(found.entry.values.len(), 5);
+        }
+        assert!(store.stats().bytes as usize <= 6 * per_cut);
     }
 
     #[test]

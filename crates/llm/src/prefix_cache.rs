@@ -103,7 +103,8 @@ impl IdPieces {
     /// Appends `ids` as a new piece.
     fn push(&mut self, ids: &[u32]) {
         if self.pieces.len() >= Self::MAX_PIECES {
-            let mut all = Vec::new();
+            let held: usize = self.pieces.iter().map(|(_, used)| used).sum();
+            let mut all = Vec::with_capacity(held + ids.len());
             self.copy_prefix_into(usize::MAX, &mut all);
             all.extend_from_slice(ids);
             let len = all.len();
@@ -286,19 +287,24 @@ fn chain_key(previous: u128, segment: &[u8]) -> u128 {
     hasher.digest128()
 }
 
-/// How many leading bytes `a` and `b` share; compares blocks first.
+/// How many leading bytes `a` and `b` share; compares large blocks, then small ones within the
+/// first large block that differs, then bytes (a memory compare per block, few calls).
 fn common_prefix_len(a: &[u8], b: &[u8]) -> usize {
-    const BLOCK: usize = 256;
     let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
+    let (mut a, mut b) = (&a[..n], &b[..n]);
     let mut same = 0;
-    for (x, y) in a.chunks(BLOCK).zip(b.chunks(BLOCK)) {
-        if x != y {
-            return same + x.iter().zip(y).take_while(|(p, q)| p == q).count();
-        }
-        same += x.len();
+    for block in [4096, 128] {
+        let equal = (a
+            .chunks(block)
+            .zip(b.chunks(block))
+            .take_while(|(x, y)| x == y)
+            .count()
+            * block)
+            .min(a.len());
+        same += equal;
+        (a, b) = (&a[equal..], &b[equal..]);
     }
-    same
+    same + a.iter().zip(b).take_while(|(p, q)| p == q).count()
 }
 
 #[cfg(test)]
@@ -307,13 +313,16 @@ mod tests {
 
     #[test]
     fn common_prefix_len_finds_the_first_difference() {
-        let a: Vec<u8> = (0..2000u32).map(|i| (i % 251) as u8).collect();
-        for at in [0, 1, 255, 256, 257, 1000, 1999] {
+        let a: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        for at in [
+            0, 1, 127, 128, 255, 256, 1000, 4095, 4096, 4097, 4224, 8200, 9999,
+        ] {
             let mut b = a.clone();
             b[at] ^= 1;
             assert_eq!(common_prefix_len(&a, &b), at);
         }
         assert_eq!(common_prefix_len(&a, &a[..700]), 700);
+        assert_eq!(common_prefix_len(&a[..5000], &a), 5000);
         assert_eq!(common_prefix_len(&a, &a), a.len());
         assert_eq!(common_prefix_len(&[], &a), 0);
     }
