@@ -12,9 +12,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::{mpsc, oneshot};
 
-/// How much lower than the process the pool's threads run (added to their nice value; CFS then
-/// gives a busy pool thread about a tenth of what a busy I/O thread gets when they compete).
-pub const NICE_INCREMENT: i32 = 10;
+/// How much lower than the process the pool's threads run (added to their nice value, which
+/// stops at 19). At 19 CFS gives a busy pool thread about 1.5 % of what a busy I/O thread gets
+/// when they compete, so large prompts run on what the rest of the process leaves (at 10, a
+/// tenth, short requests beside a stream of 66 k-token prompts were served about 15 % slower:
+/// docs/benchmarks.md, "Long prompts", sixth round).
+pub const NICE_INCREMENT: i32 = 19;
 
 /// Jobs that may wait per pool thread before callers wait to queue.
 const QUEUED_PER_THREAD: usize = 4;
