@@ -44,6 +44,8 @@ pub struct GridPoint {
     pub ttft_p99_ms: f64,
     /// Most requests on one worker / mean.
     pub req_imbalance: f64,
+    /// Share of decode steps whose pass also prefilled ([`ModeReport`]'s field of that name).
+    pub decode_steps_beside_prefill: f64,
 }
 
 /// One target of the adaptive mode and whether it holds.
@@ -118,6 +120,7 @@ pub fn run(source: String, items: &[WorkItem], settings: &Settings) -> anyhow::R
                 ttft_mean_ms: m.ttft_mean_ms,
                 ttft_p99_ms: m.ttft_p99_ms,
                 req_imbalance: m.req_imbalance,
+                decode_steps_beside_prefill: m.decode_steps_beside_prefill,
             });
         }
     }
@@ -245,6 +248,7 @@ pub fn print(report: &SweepReport) {
                 ttft_mean_ms: m.ttft_mean_ms,
                 ttft_p99_ms: m.ttft_p99_ms,
                 req_imbalance: m.req_imbalance,
+                decode_steps_beside_prefill: m.decode_steps_beside_prefill,
             };
             row(mode.name().to_string(), &p);
         }

@@ -267,7 +267,26 @@ fn goodput_counts_requests_within_a_calibrated_slo() {
         let all_rps = m.requests as f64 / m.makespan_s;
         assert!(m.goodput_rps <= all_rps + 1e-9, "{mode}");
         assert!(m.itl_p50_ms > 0.0 && m.itl_p50_ms <= m.itl_p99_ms, "{mode}");
+        let stalled = m.decode_steps_beside_prefill;
+        assert!(stalled > 0.0 && stalled < 1.0, "{mode}: {stalled}");
     }
+    // Every prefill on one worker stalls every decode: a larger share of the steps than when
+    // round-robin spreads the same requests over four.
+    let one_worker: Vec<&str> = SMALL
+        .iter()
+        .enumerate()
+        .map(|(i, arg)| {
+            if i > 0 && SMALL[i - 1] == "--workers" {
+                "1"
+            } else {
+                *arg
+            }
+        })
+        .collect();
+    let alone =
+        run(&one_worker, &[ModeArg::RoundRobin]).modes["round-robin"].decode_steps_beside_prefill;
+    let spread = report.modes["round-robin"].decode_steps_beside_prefill;
+    assert!(alone > spread, "{alone} vs {spread}");
     let learned = report.modes["kv-auto"].learned_weights.unwrap();
     assert!(learned.num_observations > 0);
     assert!(report.modes["lmetric"].learned_weights.is_none());

@@ -89,6 +89,9 @@ pub struct RequestRecord {
     pub cached_tokens: u32,
     /// Tokens it produced.
     pub num_output_tokens: u32,
+    /// Tokens after its first that came out of a pass which also prefilled a prompt: decode
+    /// steps that another request's prefill lengthened (what moves its inter-token latency).
+    pub num_steps_beside_prefill: u32,
     /// How it ended; `None` while unfinished.
     pub finish: Option<FinishKind>,
 }
@@ -325,6 +328,7 @@ impl Simulation {
             finish_us: None,
             cached_tokens: 0,
             num_output_tokens: 0,
+            num_steps_beside_prefill: 0,
             finish: None,
         });
         self.engines[worker].add_request(request);
@@ -369,6 +373,7 @@ impl Simulation {
             return;
         };
         let at_us = self.now_us;
+        let prefilled = output.num_prefill_tokens > 0;
         for token in output.outputs {
             if let Some(record) = self
                 .record_by_key
@@ -377,6 +382,9 @@ impl Simulation {
             {
                 if !matches!(token.finish, Some(FinishKind::Error(_))) {
                     record.num_output_tokens += 1;
+                    if prefilled && !token.is_first {
+                        record.num_steps_beside_prefill += 1;
+                    }
                 }
                 if token.is_first {
                     record.first_token_us = Some(at_us);

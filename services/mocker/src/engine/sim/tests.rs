@@ -91,6 +91,23 @@ fn arrivals_at_one_instant_share_a_pass() {
     assert_eq!(records[2].worker, 0);
 }
 
+#[test]
+fn decode_steps_that_share_a_pass_with_prefill_are_counted() {
+    let mut sim = Simulation::new(config(), 1, SimConfig::default());
+    sim.submit(0, 0, request(1, (0..100).collect(), 20));
+    // Arrives while request 1 decodes: its prefill shares exactly one pass with that decode.
+    sim.submit(100_000, 0, request(2, (1000..1100).collect(), 3));
+    sim.run_until_idle(|_| {});
+    let mut records = sim.records().to_vec();
+    records.sort_by_key(|r| r.key);
+    assert_eq!(records[0].num_output_tokens, 20);
+    assert!(records[0].first_token_us < Some(100_000));
+    assert!(records[0].finish_us > records[1].first_token_us);
+    assert_eq!(records[0].num_steps_beside_prefill, 1);
+    // Request 2's own first token comes from its prefill pass and its decode meets no prefill.
+    assert_eq!(records[1].num_steps_beside_prefill, 0);
+}
+
 /// Routes to the worker with the fewest used plus waiting blocks, as last reported; records every
 /// event.
 #[derive(Default)]
