@@ -90,7 +90,7 @@ pub struct RequestRecord {
     /// Tokens it produced.
     pub num_output_tokens: u32,
     /// Tokens after its first that came out of a pass which also prefilled a prompt: decode
-    /// steps that another request's prefill lengthened (what moves its inter-token latency).
+    /// steps that a prefill in the same pass lengthened (what moves its inter-token latency).
     pub num_steps_beside_prefill: u32,
     /// How it ended; `None` while unfinished.
     pub finish: Option<FinishKind>,
