@@ -10,11 +10,14 @@
 //! * [`ApproxIndex`]: the event-less index fed by routing decisions (TTL or LRU), also used as
 //!   the router's predicted side index.
 //! * [`replay`]: the Mooncake-trace replay benchmark behind `kvmesh bench indexer`.
+//! * [`BlockHashCache`]: block hashes found again by prompt prefix, so a long conversation's
+//!   next turn hashes only its new blocks (the router's and the mock engine's).
 
 pub mod approx;
 pub mod concurrent;
 pub mod counters;
 pub mod events;
+pub mod hash_cache;
 pub mod hashing;
 pub mod radix;
 pub mod replay;
@@ -27,6 +30,7 @@ pub use counters::{EventCounters, EventStatus, EventType, StatusCounts};
 pub use events::{
     KvEvent, KvEventBatch, KvEventKind, KvRemoved, KvStored, KvStoredBlock, Tier, WorkerKey,
 };
+pub use hash_cache::BlockHashCache;
 pub use hashing::{
     BlockHashMap, BlockHashSet, BlockHasher, IdentityHasher, LocalBlockHash, SequenceHash,
     chain_seq_hash, compute_block_hashes, compute_seq_hashes, kv_partition, seed_for,

@@ -14,9 +14,9 @@
 
 use std::time::{Duration, Instant};
 
+use kvmesh_kv::BlockHashCache;
 use kvmesh_llm::openai::ChatCompletionRequest;
 use kvmesh_llm::{ModelDir, PrefixCache, TokenizerEngine};
-use kvmesh_routing::BlockHashCache;
 use rustix::time::{ClockId, clock_gettime};
 
 kvmesh_runtime::global_allocator!();

@@ -25,7 +25,6 @@ use kvmesh_kv::{ApproxConfig, ApproxIndex, ApproxPolicy, BlockHasher, WorkerKey}
 use crate::adaptive::{Adaptive, KvWeightsMode, LearnedWeights};
 use crate::busy::{self, BusyInputs};
 use crate::config::{ApproxCachePolicy, BusyThresholds, ConfigError, RouterConfig, RouterMode};
-use crate::hash_cache::BlockHashCache;
 use crate::health::WorkerHealth;
 use crate::overlap::OverlapSource;
 use crate::queue::Queue;
@@ -35,6 +34,7 @@ use crate::session::Sessions;
 use crate::sync::{SyncEvent, SyncKind};
 use crate::tracker::{RankLoadSnapshot, ReqKey, Tracker};
 use crate::worker::{WorkerInfo, WorkerLoad};
+use kvmesh_kv::BlockHashCache;
 
 /// How often stale tracked requests are looked for.
 pub const EXPIRY_SWEEP_INTERVAL: Duration = Duration::from_secs(60);

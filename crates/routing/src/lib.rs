@@ -10,8 +10,6 @@
 //! * [`SharedRouter`] — the same core behind a lock for concurrent callers (frontend, gRPC
 //!   service), with a [`Clock`], async waiting for queued requests, and a [`RouteGuard`] that
 //!   releases a request's load on every terminal path, drop included.
-//! * [`BlockHashCache`] — block hashes found again by prompt prefix, so a long conversation's
-//!   next turn hashes only its new blocks.
 //! * [`OverlapSource`] — the trait between the router and an in-process KV index.
 //! * [`RouterConfig`] / [`RouterArgs`] — the typed configuration and its clap flags, named as in
 //!   docs/flags.md.
@@ -28,7 +26,6 @@ pub mod config;
 pub mod core;
 pub mod cost;
 pub mod error;
-pub mod hash_cache;
 pub mod health;
 mod modes;
 pub mod overlap;
@@ -54,7 +51,6 @@ pub use cost::{
     CandidateLoad, CostBreakdown, CostPolicy, CostWeights, EffectiveKv, RequestShape, kv_cost,
 };
 pub use error::{DEFAULT_OVERLOAD_STATUS, OVERLOADED_MESSAGE, RouteError};
-pub use hash_cache::BlockHashCache;
 pub use health::{EjectionConfig, HealthChange};
 pub use overlap::{NoIndex, OverlapSource, build_event_index};
 pub use request::{

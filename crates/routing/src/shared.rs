@@ -20,11 +20,11 @@ use crate::config::{BusyThresholds, KvRouterConfig, RouterMode};
 use crate::core::{PreparedRequest, RouterCore};
 use crate::cost::EffectiveKv;
 use crate::error::RouteError;
-use crate::hash_cache::BlockHashCache;
 use crate::overlap::OverlapSource;
 use crate::request::{Decision, RouteOutcome, RouteRequest, TerminalPath, Ticket};
 use crate::sync::SyncEvent;
 use crate::worker::{WorkerInfo, WorkerLoad};
+use kvmesh_kv::BlockHashCache;
 
 mod guard;
 pub use guard::{QueuedRoute, RouteGuard};

@@ -14,6 +14,7 @@ pub mod lifecycle;
 pub mod names;
 pub mod net;
 pub mod otel;
+pub mod prefix_cuts;
 pub mod reload;
 pub mod shutdown;
 pub mod stream_client;

@@ -98,6 +98,7 @@ pub fn request_path(
         sampling: Default::default(),
         forced_output: Vec::new(),
         max_thinking_tokens: None,
+        prompt_hashes: None,
     });
     let mut stored = 0;
     let mut event_id = 0;

@@ -22,8 +22,8 @@ pub use self::dp_engine::DpEngine;
 pub use self::logprobs::TokenLogprobs;
 pub(crate) use self::sampler::Xoshiro256;
 pub use self::types::{
-    EngineRequest, EngineSampling, FinishKind, KvCacheEvent, LoadSnapshot, StepOutput, StoredBlock,
-    TokenOutput,
+    EngineRequest, EngineSampling, FinishKind, KvCacheEvent, LoadSnapshot, PromptHashes,
+    StepOutput, StoredBlock, TokenOutput,
 };
 
 /// Which running sequence the scheduler preempts when a sequence needs a KV block and none can

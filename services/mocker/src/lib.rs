@@ -154,14 +154,19 @@ pub async fn run(
             workers_shutdown.clone(),
         )));
 
-        let service = MockWorker::new(
+        let mut service = MockWorker::new(
             ranks,
             tokenizer.clone(),
             opts.engine.tool_call_parser,
             config.seed,
-        )
-        .with_fault_file(opts.fault_file.clone().map(fault::FaultFile))
-        .with_work_gate(lifecycle.work_gate());
+        );
+        if config.enable_prefix_caching {
+            service =
+                service.with_block_hash_cache(config.block_size, worker::BLOCK_HASH_CACHE_BYTES);
+        }
+        let service = service
+            .with_fault_file(opts.fault_file.clone().map(fault::FaultFile))
+            .with_work_gate(lifecycle.work_gate());
         inflight.push(service.inflight().clone());
         let is_inproc = embedded.as_ref().is_some_and(|e| !e.grpc_workers);
         let (address, transport) = if is_inproc {

@@ -22,8 +22,9 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::driver::{Command, RankOutput};
-use crate::engine::{EngineRequest, EngineSampling, KvCacheEvent, Xoshiro256};
+use crate::engine::{EngineRequest, EngineSampling, KvCacheEvent, PromptHashes, Xoshiro256};
 use crate::fault::{Fault, FaultFile};
+use kvmesh_kv::{BlockHashCache, seed_for};
 use kvmesh_llm::Tokenizer;
 use kvmesh_llm::tool_calls::ToolCallFormat;
 use kvmesh_runtime::lifecycle::WorkGate;
@@ -45,7 +46,14 @@ pub struct MockWorker {
     fault: Option<Arc<FaultFile>>,
     /// Closed while the worker's registration stayed lost past the grace: new work is refused.
     gate: WorkGate,
+    /// Block hashes of earlier prompts, found again by the cut points a request carries, and
+    /// the block size they are hashed with (only with prefix caching).
+    block_hashes: Option<(Arc<BlockHashCache>, usize)>,
 }
+
+/// What the worker's block-hash cache may hold: 16 bytes per block, 48 per cut point, so a few
+/// hundred long conversations (docs/mocker.md, "Prefix caching").
+pub const BLOCK_HASH_CACHE_BYTES: usize = 32 << 20;
 
 impl MockWorker {
     /// Wraps the command channels of a worker's ranks (index = dp rank), the model's
@@ -64,7 +72,43 @@ impl MockWorker {
             seed,
             fault: None,
             gate: WorkGate::open(),
+            block_hashes: None,
         }
+    }
+
+    /// Hashes each prompt's blocks here with `block_size`, reusing those of an earlier prompt
+    /// that shares a cut point with it (the cuts the router reuses its hashes by), so a long
+    /// conversation's next turn hashes only its new blocks; the engine takes the hashes instead
+    /// of hashing the prompt again. Leave it off when the engine does not cache prefixes.
+    pub fn with_block_hash_cache(mut self, block_size: usize, max_bytes: usize) -> Self {
+        self.block_hashes = Some((Arc::new(BlockHashCache::new(max_bytes)), block_size.max(1)));
+        self
+    }
+
+    /// The prompt's block hashes from the cache, when the request carries cut points.
+    fn prompt_hashes(&self, request: &GenerateRequest) -> Option<PromptHashes> {
+        let (cache, block_size) = self.block_hashes.as_ref()?;
+        if request.prefix_cuts.is_empty() {
+            return None;
+        }
+        let cuts = kvmesh_runtime::prefix_cuts::cuts_from_proto(&request.prefix_cuts);
+        let seed = seed_for(
+            Some(request.lora_name.as_str()).filter(|name| !name.is_empty()),
+            Some(request.cache_salt.as_str()).filter(|salt| !salt.is_empty()),
+        );
+        let block_size_u32 = u32::try_from(*block_size).ok()?;
+        let (local, seq) = cache.hash(&request.token_ids, &cuts, block_size_u32, seed);
+        Some(PromptHashes {
+            block_size: *block_size,
+            seed,
+            local,
+            seq,
+        })
+    }
+
+    /// The block-hash cache's counters (hits, misses, blocks reused), when it is on.
+    pub fn block_hash_stats(&self) -> Option<kvmesh_core::prefix::PrefixStats> {
+        self.block_hashes.as_ref().map(|(cache, _)| cache.stats())
     }
 
     /// Reads `fault` at every Generate call to stall or fail it (docs/mocker.md, "Fault
@@ -184,6 +228,7 @@ impl MockWorker {
             .as_ref()
             .is_some_and(|sampling| sampling.greedy || sampling.temperature == Some(0.0));
         let forced_output = self.forced_output(&request, is_greedy)?;
+        let prompt_hashes = self.prompt_hashes(&request);
         let stop = request.stop.unwrap_or_default();
         let sampling = request.sampling.unwrap_or_default();
         let engine_request = EngineRequest {
@@ -203,6 +248,7 @@ impl MockWorker {
             },
             forced_output,
             max_thinking_tokens: stop.max_thinking_tokens,
+            prompt_hashes,
         };
         let (tx, rx) = mpsc::unbounded_channel();
         rank.send(Command::Add(Box::new(engine_request), tx))
@@ -408,3 +454,7 @@ pub fn to_proto(event: KvCacheEvent, event_id: u64) -> KvEvent {
         kind: Some(kind),
     }
 }
+
+#[cfg(test)]
+#[path = "worker_tests.rs"]
+mod tests;

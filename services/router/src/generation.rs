@@ -167,7 +167,8 @@ impl ModelRouter {
     /// reached the caller, so that is safe. The returned [`Generation`] holds the worker's load
     /// until it ends; dropping it frees the request as disconnected and cancels the worker.
     /// The hints' cache salt goes into a request that carries none, so that the worker seeds
-    /// its block hashes with the salt the router routed on.
+    /// its block hashes with the salt the router routed on; so do the prompt's cut points, so
+    /// that an engine hashing blocks itself reuses an earlier turn's hashes as the router does.
     pub async fn generate(
         &self,
         mut request: GenerateRequest,
@@ -177,6 +178,9 @@ impl ModelRouter {
             && let Some(salt) = &options.hints.cache_salt
         {
             request.cache_salt.clone_from(salt);
+        }
+        if request.prefix_cuts.is_empty() {
+            request.prefix_cuts = kvmesh_runtime::prefix_cuts::cuts_to_proto(&options.prefix_cuts);
         }
         let migration = self.inner.migration;
         let mut remaining = migration.limit;

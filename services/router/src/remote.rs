@@ -146,7 +146,7 @@ impl RemoteRouters {
                 .as_ref()
                 .map(wire::override_to_proto),
             caller_instance_id: self.inner.caller_instance_id,
-            prefix_cuts: wire::cuts_to_proto(request.prefix_cuts),
+            prefix_cuts: kvmesh_runtime::prefix_cuts::cuts_to_proto(request.prefix_cuts),
             traceparent,
             tracestate,
         };

@@ -272,7 +272,7 @@ impl RouterService {
             );
             hints.caller_instance_id =
                 (request.caller_instance_id != 0).then_some(request.caller_instance_id);
-            let prefix_cuts = wire::cuts_from_proto(&request.prefix_cuts);
+            let prefix_cuts = kvmesh_runtime::prefix_cuts::cuts_from_proto(&request.prefix_cuts);
             let route_request = RouteRequest {
                 request_id: request.request_id.clone(),
                 token_ids: &request.token_ids,
@@ -371,7 +371,7 @@ impl RouterService {
         hints.cache_salt = (!routed.cache_salt.is_empty()).then_some(routed.cache_salt);
         let options = GenerateOptions {
             hints,
-            prefix_cuts: wire::cuts_from_proto(&routed.prefix_cuts).into(),
+            prefix_cuts: kvmesh_runtime::prefix_cuts::cuts_from_proto(&routed.prefix_cuts).into(),
             response_timeout: None,
             wait: FirstResponseWait::None,
             trace,

@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use kvmesh_core::prefix::PrefixCut;
 use kvmesh_kv::WorkerKey;
 use kvmesh_proto::v1 as pb;
 
@@ -298,34 +297,6 @@ impl RouteErrorStatus for RouteError {
             model,
         )
     }
-}
-
-/// Prompt cut points as the wire carries them.
-pub fn cuts_to_proto(cuts: &[PrefixCut]) -> Vec<pb::PrefixCut> {
-    cuts.iter()
-        .map(|cut| pb::PrefixCut {
-            key_high: (cut.key >> 64) as u64,
-            key_low: cut.key as u64,
-            tokens: cut.tokens,
-        })
-        .collect()
-}
-
-/// Prompt cut points off the wire; cuts out of order are dropped, so a caller's mistake costs
-/// only the reuse, never a wrong hash.
-pub fn cuts_from_proto(cuts: &[pb::PrefixCut]) -> Vec<PrefixCut> {
-    let mut last = 0;
-    cuts.iter()
-        .map(|cut| PrefixCut {
-            key: u128::from(cut.key_high) << 64 | u128::from(cut.key_low),
-            tokens: cut.tokens,
-        })
-        .take_while(|cut| {
-            let ordered = cut.tokens >= last;
-            last = cut.tokens;
-            ordered
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -148,25 +148,3 @@ fn route_errors_cross_grpc_whatever_their_message() {
         None
     );
 }
-
-#[test]
-fn prefix_cuts_cross_the_wire_and_disordered_ones_are_dropped() {
-    let cuts = vec![
-        PrefixCut {
-            key: u128::MAX - 5,
-            tokens: 10,
-        },
-        PrefixCut {
-            key: 7 << 70 | 3,
-            tokens: 64,
-        },
-    ];
-    assert_eq!(cuts_from_proto(&cuts_to_proto(&cuts)), cuts);
-    let mut wire = cuts_to_proto(&cuts);
-    wire.push(pb::PrefixCut {
-        key_high: 0,
-        key_low: 1,
-        tokens: 5,
-    });
-    assert_eq!(cuts_from_proto(&wire), cuts);
-}

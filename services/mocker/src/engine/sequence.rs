@@ -66,6 +66,7 @@ impl Sequence {
             sampling,
             forced_output,
             max_thinking_tokens,
+            prompt_hashes,
         } = request;
         if prompt.is_empty() {
             return Err("prompt is empty".to_owned());
@@ -103,12 +104,24 @@ impl Sequence {
         let mut stop_token_ids = stop_token_ids;
         stop_token_ids.sort_unstable();
         stop_token_ids.dedup();
-        let hasher = config.enable_prefix_caching.then(|| {
-            BlockHasher::new(
-                block_size,
-                seed_for(lora_name.as_deref(), cache_salt.as_deref()),
-            )
-        });
+        let hash_seed = seed_for(lora_name.as_deref(), cache_salt.as_deref());
+        let hasher = config
+            .enable_prefix_caching
+            .then(|| BlockHasher::new(block_size, hash_seed));
+        // Hashes the caller computed are taken only when they are what hashing here would give:
+        // the same block size and seed, one per full block of the prompt.
+        let (local_hashes, seq_hashes) = match prompt_hashes {
+            Some(hashes)
+                if hasher.is_some()
+                    && hashes.block_size == block_size
+                    && hashes.seed == hash_seed
+                    && hashes.local.len() == num_prompt_tokens / block_size
+                    && hashes.seq.len() == hashes.local.len() =>
+            {
+                (hashes.local, hashes.seq)
+            }
+            _ => (Vec::new(), Vec::new()),
+        };
         let rng = Xoshiro256::for_output(
             config.seed,
             &prompt,
@@ -123,8 +136,8 @@ impl Sequence {
             num_prompt_tokens,
             num_computed: 0,
             blocks: Vec::new(),
-            local_hashes: Vec::new(),
-            seq_hashes: Vec::new(),
+            local_hashes,
+            seq_hashes,
             hasher,
             prefill_target: 0,
             num_scheduled: 0,

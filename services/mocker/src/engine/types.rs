@@ -37,6 +37,23 @@ pub struct EngineRequest {
     pub forced_output: Vec<u32>,
     /// Most tokens between the thinking markers (`max_thinking_tokens`); `None`: no limit.
     pub max_thinking_tokens: Option<u32>,
+    /// The prompt's block hashes when the caller already has them (a worker's block-hash
+    /// cache); ignored unless they match the engine's block size and the request's seed.
+    pub prompt_hashes: Option<PromptHashes>,
+}
+
+/// The local and sequence hashes of every full block of a prompt, hashed with `block_size` and
+/// `seed`, so an engine takes them instead of hashing a long prompt again.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PromptHashes {
+    /// Tokens per block the hashes were computed with.
+    pub block_size: usize,
+    /// The hash seed (LoRA name, cache salt) they were computed with.
+    pub seed: u64,
+    /// Local hash of each full block.
+    pub local: Vec<u64>,
+    /// Sequence hash of each full block.
+    pub seq: Vec<u64>,
 }
 
 /// The sampling options the mock engine honours (docs/mocker.md, "Output").

@@ -4,7 +4,7 @@ use kvmesh_kv::hashing::{BASE_SEED, compute_block_hashes, compute_seq_hashes, se
 
 use super::tests::{all_events, first_output, prompt, request, run_to_idle, small_config};
 use super::*;
-use crate::engine::{KvCacheEvent, StoredBlock, timing};
+use crate::engine::{KvCacheEvent, PromptHashes, StoredBlock, timing};
 
 #[test]
 fn prefix_reuse_reports_cached_tokens_without_a_second_store() {
@@ -218,4 +218,45 @@ fn a_cache_salt_seeds_the_hashes_and_isolates_the_cache() {
         let steps = run_to_idle(&mut engine);
         assert_eq!(first_output(&steps, key).cached_tokens, cached, "{salt:?}");
     }
+}
+
+#[test]
+fn hashes_a_caller_gives_are_taken_only_when_they_are_what_hashing_here_gives() {
+    let tokens = prompt(1, 10);
+    let given = |block_size: usize, seed: u64, num_blocks: usize| PromptHashes {
+        block_size,
+        seed,
+        local: (100..100 + num_blocks as u64).collect(),
+        seq: (200..200 + num_blocks as u64).collect(),
+    };
+    let stored_local = |hashes: Option<PromptHashes>| {
+        let mut engine = DpEngine::new(small_config(16, 4), 0);
+        engine.add_request(EngineRequest {
+            prompt_hashes: hashes,
+            ..request(1, tokens.clone(), 1)
+        });
+        let steps = run_to_idle(&mut engine);
+        let KvCacheEvent::Stored { blocks, .. } = &all_events(&steps)[0] else {
+            panic!("expected the prompt's blocks to be stored");
+        };
+        blocks
+            .iter()
+            .map(|block| (block.tokens_hash, block.block_hash))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        stored_local(Some(given(4, BASE_SEED, 2))),
+        vec![(100, 200), (101, 201)]
+    );
+    let local = compute_block_hashes(&tokens, 4, BASE_SEED);
+    let seq = compute_seq_hashes(&local);
+    let hashed_here: Vec<(u64, u64)> = local.into_iter().zip(seq).collect();
+    for wrong in [
+        given(8, BASE_SEED, 2),
+        given(4, seed_for(None, Some("salt")), 2),
+        given(4, BASE_SEED, 1),
+    ] {
+        assert_eq!(stored_local(Some(wrong.clone())), hashed_here, "{wrong:?}");
+    }
+    assert_eq!(stored_local(None), hashed_here);
 }

@@ -7,10 +7,10 @@
 //! salt), so prompts that hash differently never share. A wrong key (from a caller that lies)
 //! can only misplace that caller's own requests: the hashes steer routing, not generation.
 
+use crate::hashing::{BlockHasher, chain_seq_hash};
 use kvmesh_core::prefix::{PrefixCut, PrefixEntry, PrefixStats, PrefixStore};
-use kvmesh_kv::{BlockHasher, chain_seq_hash};
 
-/// The cache of one model's router (one block size); share it behind an `Arc`.
+/// The cache of one model's router, or of one mock worker's engine; share it behind an `Arc`.
 pub struct BlockHashCache {
     store: PrefixStore<HashedPrompt>,
 }
@@ -124,8 +124,8 @@ mod tests {
     use super::*;
 
     fn whole(tokens: &[u32], block_size: u32, seed: u64) -> (Vec<u64>, Vec<u64>) {
-        let local = kvmesh_kv::compute_block_hashes(tokens, block_size as usize, seed);
-        let seq = kvmesh_kv::compute_seq_hashes(&local);
+        let local = crate::hashing::compute_block_hashes(tokens, block_size as usize, seed);
+        let seq = crate::hashing::compute_seq_hashes(&local);
         (local, seq)
     }
 
