@@ -169,3 +169,52 @@ async fn a_decision_for_a_worker_newer_than_the_table_goes_to_a_listed_one() {
     }
     assert_eq!(router.with_core(|core, _| core.num_tracked()), 0);
 }
+
+/// Answers like [`Answers`] and keeps the cut points of every request it receives.
+#[derive(Default)]
+struct KeepsCuts(std::sync::Mutex<Vec<Vec<kvmesh_proto::v1::PrefixCut>>>);
+
+#[async_trait]
+impl WorkerEndpoint for KeepsCuts {
+    async fn generate(&self, request: GenerateRequest) -> Result<ResponseStream, tonic::Status> {
+        self.0.lock().unwrap().push(request.prefix_cuts.clone());
+        Answers.generate(request).await
+    }
+}
+
+#[tokio::test]
+async fn the_worker_request_carries_the_prompts_cut_points_unless_it_has_its_own() {
+    let worker = Arc::new(KeepsCuts::default());
+    let (model, _router) = seam(
+        RouterConfig::with_mode(RouterMode::RoundRobin),
+        vec![WorkerRef::new(2, worker.clone())],
+        0,
+    );
+    let cuts = vec![
+        kvmesh_core::prefix::PrefixCut {
+            key: 5 << 64 | 9,
+            tokens: 2,
+        },
+        kvmesh_core::prefix::PrefixCut { key: 11, tokens: 3 },
+    ];
+    let with_cuts = GenerateOptions {
+        prefix_cuts: Arc::from(cuts.clone()),
+        ..options(FirstResponseWait::Full)
+    };
+    let own = kvmesh_runtime::prefix_cuts::cuts_to_proto(&cuts[..1]);
+    for request in [
+        request(),
+        GenerateRequest {
+            prefix_cuts: own.clone(),
+            ..request()
+        },
+    ] {
+        let mut generation = model.generate(request, with_cuts.clone()).await.unwrap();
+        assert_eq!(generation.next().await.unwrap().unwrap().token_ids, vec![7]);
+    }
+    let received = worker.0.lock().unwrap().clone();
+    assert_eq!(
+        received,
+        vec![kvmesh_runtime::prefix_cuts::cuts_to_proto(&cuts), own]
+    );
+}
