@@ -17,6 +17,11 @@ use kvmesh_runtime::GrpcErrorCode as _;
 /// Responses of one request, as the gRPC layer sends them.
 pub type ResponseTx = mpsc::UnboundedSender<Result<GenerateResponse, tonic::Status>>;
 
+/// How long a rank runs passes that take less than a millisecond of simulated time (a high
+/// `--speedup-ratio`) before it lets other tasks run. Yielding after every pass instead hands
+/// each token to its stream on its own, waking the request's task once per token.
+const MAX_RUN_WITHOUT_YIELD: Duration = Duration::from_micros(200);
+
 /// Work sent to a rank's loop.
 pub enum Command {
     /// Admit a request and stream its responses to the sender.
@@ -79,6 +84,7 @@ pub async fn run_rank(
     let mut pending: HashMap<u64, Pending> = HashMap::new();
     let mut next_key: u64 = 0;
     let mut sleep_debt_us = 0.0f64;
+    let mut ran_since = Instant::now();
     let mut last_load: Option<WorkerLoad> = None;
     let mut last_load_at = Instant::now() - Duration::from_secs(1);
     let identity = WorkerIdentity { worker_id, dp_rank };
@@ -101,6 +107,7 @@ pub async fn run_rank(
                     None => break,
                 },
             }
+            ran_since = Instant::now();
         }
         while let Ok(command) = commands.try_recv() {
             handle(
@@ -140,8 +147,10 @@ pub async fn run_rank(
                 _ = tokio::time::sleep(Duration::from_micros(sleep_debt_us as u64)) => {}
             }
             sleep_debt_us -= started.elapsed().as_micros() as f64;
-        } else {
+            ran_since = Instant::now();
+        } else if ran_since.elapsed() >= MAX_RUN_WITHOUT_YIELD {
             tokio::task::yield_now().await;
+            ran_since = Instant::now();
         }
         for output in step.outputs {
             let Some(entry) = pending.get_mut(&output.key) else {
@@ -322,6 +331,51 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(last.worker_id, 7);
+        shutdown.cancel();
+        rank.await.unwrap();
+    }
+
+    /// An unpaced rank runs several passes before it yields, so a request's task is woken for a
+    /// batch of tokens rather than for each one.
+    #[tokio::test]
+    async fn an_unpaced_rank_hands_tokens_over_in_batches() {
+        let (command_tx, command_rx) = mpsc::unbounded_channel();
+        let (output_tx, _outputs) = mpsc::unbounded_channel();
+        let shutdown = CancellationToken::new();
+        let pace = Pace {
+            speedup_ratio: 0.0,
+            decode_speedup_ratio: 1.0,
+        };
+        let rank = tokio::spawn(run_rank(
+            7,
+            0,
+            EngineConfig::default(),
+            pace,
+            command_rx,
+            output_tx,
+            shutdown.clone(),
+        ));
+        let (response_tx, mut responses) = mpsc::unbounded_channel();
+        let request = EngineRequest {
+            request_id: "r".into(),
+            prompt: (1..200).collect(),
+            max_tokens: Some(16),
+            ..EngineRequest::default()
+        };
+        command_tx
+            .send(Command::Add(Box::new(request), response_tx))
+            .map_err(|_| "rank stopped")
+            .unwrap();
+        let (mut num_tokens, mut num_batches) = (0, 0);
+        while let Some(first) = responses.recv().await {
+            num_batches += 1;
+            num_tokens += first.unwrap().token_ids.len();
+            while let Ok(next) = responses.try_recv() {
+                num_tokens += next.unwrap().token_ids.len();
+            }
+        }
+        assert_eq!(num_tokens, 16);
+        assert!(num_batches < num_tokens / 2, "{num_batches} batches");
         shutdown.cancel();
         rank.await.unwrap();
     }
