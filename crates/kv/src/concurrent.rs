@@ -30,7 +30,7 @@
 //! per lane that has a member holding it) and makes a query visit every lane; both are bounded by
 //! the lane count, which is small (one per core).
 
-use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
@@ -132,6 +132,19 @@ impl ConcurrentIndex {
     pub fn apply(&self, batch: KvEventBatch) -> Result<(), LaneClosed> {
         let lane = &self.lanes[self.lane_of(batch.worker_id)];
         send(lane, Msg::Batch(batch))
+    }
+
+    /// Queues a batch on its worker's lane if the lane has room, without blocking: `Ok(None)`
+    /// once queued, `Ok(Some(batch))` handing the batch back when the queue is full. Lets an
+    /// async consumer queue without leaving its executor thread, and wait only when it must.
+    pub fn try_apply(&self, batch: KvEventBatch) -> Result<Option<KvEventBatch>, LaneClosed> {
+        let lane = &self.lanes[self.lane_of(batch.worker_id)];
+        let tx = lane.tx.as_ref().ok_or(LaneClosed)?;
+        match tx.try_send(Msg::Batch(batch)) {
+            Ok(()) => Ok(None),
+            Err(TrySendError::Full(Msg::Batch(batch))) => Ok(Some(batch)),
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => Err(LaneClosed),
+        }
     }
 
     /// Queues a worker-removed marker (docs/kv-events.md, "Worker removal"): the worker's blocks

@@ -154,3 +154,26 @@ fn lock_free_queries_only_see_real_members_under_churn() {
         .fold(Ok(()), |acc, lane| acc.and(lane.validate()))
         .expect("consistent");
 }
+
+#[test]
+fn try_apply_hands_a_batch_back_while_its_lane_is_full_and_loses_nothing() {
+    let index = ConcurrentIndex::with_queue_capacity(1, 1);
+    let mut reference = RadixIndex::new();
+    // A long chain keeps the lane busy for far longer than the next sends take.
+    let long: Vec<(u64, u64)> = (0..200_000).map(|i| (i + 1, i * 3 + 1)).collect();
+    let mut events = vec![batch(w(1), vec![store(0, None, &long)])];
+    events.extend((1..4).map(|n| batch(w(1), vec![remove(n, &[200_001 - n])])));
+    let mut handed_back = 0;
+    for b in &events {
+        reference.apply(b);
+        if let Some(back) = index.try_apply(b.clone()).expect("lane alive") {
+            handed_back += 1;
+            assert_eq!(&back, b);
+            index.apply(back).expect("lane alive");
+        }
+    }
+    assert!(handed_back > 0, "a queue of one never filled");
+    index.flush().expect("lane alive");
+    assert_eq!(index.digest(), reference.digest());
+    assert_eq!(index.num_blocks(), reference.num_blocks());
+}

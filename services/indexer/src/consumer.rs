@@ -353,6 +353,13 @@ fn apply(
 /// Queues a batch on its lane. `apply` blocks while the lane's queue is full (back-pressure on the
 /// stream), so on a multi-threaded runtime the wait is moved off the async worker.
 fn apply_batch(index: &kvmesh_kv::ConcurrentIndex, batch: KvEventBatch) -> Result<(), LaneStopped> {
+    let stopped = |error: kvmesh_kv::LaneClosed| LaneStopped(error.to_string());
+    // Queued at once while the lane keeps up. Only a full lane waits, and then off the async
+    // worker (`block_in_place` hands the worker's other tasks to another thread, which costs a
+    // thread wake-up every call: too much for every batch).
+    let Some(batch) = index.try_apply(batch).map_err(stopped)? else {
+        return Ok(());
+    };
     let multi_thread = tokio::runtime::Handle::try_current()
         .is_ok_and(|handle| handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
     let result = if multi_thread {
@@ -360,7 +367,7 @@ fn apply_batch(index: &kvmesh_kv::ConcurrentIndex, batch: KvEventBatch) -> Resul
     } else {
         index.apply(batch)
     };
-    result.map_err(|error| LaneStopped(error.to_string()))
+    result.map_err(stopped)
 }
 
 async fn cut(state: &Arc<ShardState>, with_dump: bool) -> Result<Cut, String> {
