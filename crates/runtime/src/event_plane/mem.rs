@@ -82,6 +82,27 @@ fn validate_stream_name(name: &str) -> Result<()> {
     Ok(())
 }
 
+/// What one stream may hold besides its age limit, so that a busy process's memory stays
+/// bounded: past either bound the oldest messages (or remembered ids) go first, and a consumer
+/// that fell that far behind sees the gap as it would on a JetStream stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamLimits {
+    /// Bytes of stored messages (payload, subject and bookkeeping).
+    pub max_bytes: usize,
+    /// Message ids remembered for the duplicate window.
+    pub max_ids: usize,
+}
+
+impl Default for StreamLimits {
+    /// 64 MiB and a million ids: an hour of a light load, a few minutes of a very busy one.
+    fn default() -> Self {
+        Self {
+            max_bytes: 64 << 20,
+            max_ids: 1 << 20,
+        }
+    }
+}
+
 struct Stored {
     sequence: u64,
     subject: String,
@@ -91,7 +112,10 @@ struct Stored {
 
 struct MemStream {
     config: StreamConfig,
+    limits: StreamLimits,
     messages: VecDeque<Stored>,
+    /// What `messages` holds, as [`stored_bytes`] counts it.
+    num_bytes: usize,
     last_sequence: u64,
     /// msg id → (sequence, stored at), for the duplicate window.
     recent_ids: HashMap<String, (u64, Instant)>,
@@ -109,7 +133,13 @@ impl MemStream {
                 .front()
                 .is_some_and(|stored| now.duration_since(stored.stored_at) > self.config.max_age)
             {
-                self.messages.pop_front();
+                self.pop_oldest();
+            }
+        }
+        while self.num_bytes > self.limits.max_bytes && self.pop_oldest() {}
+        while self.recent_order.len() > self.limits.max_ids {
+            if let Some((_, id)) = self.recent_order.pop_front() {
+                self.recent_ids.remove(&id);
             }
         }
         let window = self.duplicate_window();
@@ -123,6 +153,15 @@ impl MemStream {
                 self.recent_ids.remove(&id);
             }
         }
+    }
+
+    /// Drops the oldest message; false when there is none.
+    fn pop_oldest(&mut self) -> bool {
+        let Some(stored) = self.messages.pop_front() else {
+            return false;
+        };
+        self.num_bytes -= stored_bytes(&stored.subject, &stored.payload);
+        true
     }
 
     fn duplicate_window(&self) -> Duration {
@@ -149,6 +188,7 @@ impl MemStream {
         }
         self.last_sequence += 1;
         let sequence = self.last_sequence;
+        self.num_bytes += stored_bytes(subject, &payload);
         self.messages.push_back(Stored {
             sequence,
             subject: subject.to_owned(),
@@ -159,9 +199,15 @@ impl MemStream {
             self.recent_ids.insert(id.to_owned(), (sequence, now));
             self.recent_order.push_back((now, id.to_owned()));
         }
+        self.prune(now);
         self.last_sequence_tx.send_replace(sequence);
         sequence
     }
+}
+
+/// What one stored message counts against [`StreamLimits::max_bytes`].
+fn stored_bytes(subject: &str, payload: &Bytes) -> usize {
+    std::mem::size_of::<Stored>() + subject.len() + payload.len()
 }
 
 struct Subscriber {
@@ -207,6 +253,7 @@ impl State {
 #[derive(Clone, Default)]
 pub struct MemEventPlane {
     state: Arc<Mutex<State>>,
+    limits: StreamLimits,
 }
 
 impl std::fmt::Debug for MemEventPlane {
@@ -220,9 +267,17 @@ impl std::fmt::Debug for MemEventPlane {
 }
 
 impl MemEventPlane {
-    /// An empty bus.
+    /// An empty bus whose streams keep [`StreamLimits::default`].
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty bus whose streams keep `limits`.
+    pub fn with_limits(limits: StreamLimits) -> Self {
+        Self {
+            limits,
+            ..Self::default()
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -329,7 +384,9 @@ impl EventPlane for MemEventPlane {
                     config.name.clone(),
                     MemStream {
                         config: config.clone(),
+                        limits: self.limits,
                         messages: VecDeque::new(),
+                        num_bytes: 0,
                         last_sequence: 0,
                         recent_ids: HashMap::new(),
                         recent_order: VecDeque::new(),

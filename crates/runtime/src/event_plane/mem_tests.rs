@@ -83,3 +83,51 @@ async fn only_ids_older_than_the_window_expire() {
     assert_eq!(publish("new").await.unwrap(), 2);
     assert_eq!(publish("old").await.unwrap(), 3);
 }
+
+#[tokio::test]
+async fn a_stream_past_its_byte_or_id_bound_drops_its_oldest_first() {
+    let one = stored_bytes("big.x", &Bytes::from(vec![0u8; 1000]));
+    let plane = MemEventPlane::with_limits(StreamLimits {
+        max_bytes: 10 * one,
+        max_ids: 3,
+    });
+    let config = StreamConfig {
+        name: "BIG".into(),
+        subjects: vec!["big.>".into()],
+        max_age: Duration::from_secs(3600),
+        duplicate_window: Duration::from_secs(120),
+    };
+    plane.ensure_stream(&config).await.unwrap();
+    for n in 1..=25u64 {
+        let id = n.to_string();
+        let payload = Bytes::from(vec![n as u8; 1000]);
+        assert_eq!(
+            plane.publish_durable("big.x", &id, payload).await.unwrap(),
+            n
+        );
+    }
+    // Ten messages fit: the first fifteen went, oldest first.
+    assert_eq!(plane.first_sequence("BIG").await.unwrap(), 16);
+    assert_eq!(plane.last_sequence("BIG").await.unwrap(), 25);
+    let mut consumer = plane.consume("BIG", &[], 1).await.unwrap();
+    let first = futures::StreamExt::next(&mut consumer)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((first.sequence, first.payload[0]), (16, 16));
+    // Three ids are remembered: a repeat of one of them is a duplicate, an older id is new.
+    assert_eq!(
+        plane
+            .publish_durable("big.x", "25", Bytes::new())
+            .await
+            .unwrap(),
+        25
+    );
+    assert_eq!(
+        plane
+            .publish_durable("big.x", "20", Bytes::new())
+            .await
+            .unwrap(),
+        26
+    );
+}
