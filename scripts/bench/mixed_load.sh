@@ -3,7 +3,9 @@
 # Short chat requests (8 random words, concurrency 32) against `kvmesh up`, first alone and then
 # while 4 connections send ~66 k-token prompts (200 000 characters of real text), both with the
 # long-prompt bench's wrk script. Prints "short_p99_alone_ms short_p99_mixed_ms long_rps_mixed
-# short_rps_alone short_rps_mixed". Extra `kvmesh up` flags come from KVMESH_UP_FLAGS.
+# short_rps_alone short_rps_mixed". Extra `kvmesh up` flags come from KVMESH_UP_FLAGS. The short
+# load first runs WARMUP seconds (default 60) unmeasured: a fresh process's first minute under
+# load has latency spikes of its own while its engines' block pools and index fill.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 LONG=$ROOT/../shared/bench/long-prompts
@@ -23,7 +25,7 @@ short() { MODEL=tiny WORDS=8 CHARS=0 MAXTOK=16 wrk -t1 -c32 -d"$1" -s "$LONG/wrk
 long() { ${LONG_WRAP:-} env MODEL=tiny WORDS=0 CHARS=200000 MAXTOK=16 wrk -t1 -c4 -d"$1" -s "$LONG/wrk_chat.lua" "$url" | grep RESULT; }
 field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p" <<<"$2"; }
 rps() { python3 -c "print(f'{($(field req "$1") - $(field errors "$1")) / $(field secs "$1"):.1f}')"; }
-short 2s >/dev/null
+short "${WARMUP:-60}s" >/dev/null
 alone=$(short "${D}s")
 long "$((D + 2))s" >/tmp/kvmesh-mixed-long.txt &
 lp=$!
