@@ -279,11 +279,18 @@ fn load_of(engine: &DpEngine, worker_id: u64, dp_rank: u32) -> WorkerLoad {
 mod tests {
     use super::*;
 
-    /// A rank whose last pass ends within the publish throttle still publishes its idle load.
-    #[tokio::test]
-    async fn an_idle_rank_publishes_its_final_load() {
+    /// An unpaced rank (worker 7) running one request of `max_tokens`: its task, its shutdown,
+    /// the request's responses and the rank's outputs to its publisher.
+    struct UnpacedRank {
+        rank: tokio::task::JoinHandle<()>,
+        shutdown: CancellationToken,
+        responses: mpsc::UnboundedReceiver<Result<GenerateResponse, tonic::Status>>,
+        outputs: mpsc::UnboundedReceiver<RankOutput>,
+    }
+
+    fn unpaced_rank_with_request(max_tokens: u32) -> UnpacedRank {
         let (command_tx, command_rx) = mpsc::unbounded_channel();
-        let (output_tx, mut output_rx) = mpsc::unbounded_channel();
+        let (output_tx, outputs) = mpsc::unbounded_channel();
         let shutdown = CancellationToken::new();
         let pace = Pace {
             speedup_ratio: 0.0,
@@ -298,17 +305,34 @@ mod tests {
             output_tx,
             shutdown.clone(),
         ));
-        let (response_tx, mut responses) = mpsc::unbounded_channel();
+        let (response_tx, responses) = mpsc::unbounded_channel();
         let request = EngineRequest {
             request_id: "r".into(),
             prompt: (1..200).collect(),
-            max_tokens: Some(3),
+            max_tokens: Some(max_tokens),
             ..EngineRequest::default()
         };
         command_tx
             .send(Command::Add(Box::new(request), response_tx))
             .map_err(|_| "rank stopped")
             .unwrap();
+        UnpacedRank {
+            rank,
+            shutdown,
+            responses,
+            outputs,
+        }
+    }
+
+    /// A rank whose last pass ends within the publish throttle still publishes its idle load.
+    #[tokio::test]
+    async fn an_idle_rank_publishes_its_final_load() {
+        let UnpacedRank {
+            rank,
+            shutdown,
+            mut responses,
+            outputs: mut output_rx,
+        } = unpaced_rank_with_request(3);
         let mut finished = false;
         while let Some(Ok(response)) = responses.recv().await {
             finished |= response.finish_reason != 0;
@@ -339,33 +363,12 @@ mod tests {
     /// batch of tokens rather than for each one.
     #[tokio::test]
     async fn an_unpaced_rank_hands_tokens_over_in_batches() {
-        let (command_tx, command_rx) = mpsc::unbounded_channel();
-        let (output_tx, _outputs) = mpsc::unbounded_channel();
-        let shutdown = CancellationToken::new();
-        let pace = Pace {
-            speedup_ratio: 0.0,
-            decode_speedup_ratio: 1.0,
-        };
-        let rank = tokio::spawn(run_rank(
-            7,
-            0,
-            EngineConfig::default(),
-            pace,
-            command_rx,
-            output_tx,
-            shutdown.clone(),
-        ));
-        let (response_tx, mut responses) = mpsc::unbounded_channel();
-        let request = EngineRequest {
-            request_id: "r".into(),
-            prompt: (1..200).collect(),
-            max_tokens: Some(16),
-            ..EngineRequest::default()
-        };
-        command_tx
-            .send(Command::Add(Box::new(request), response_tx))
-            .map_err(|_| "rank stopped")
-            .unwrap();
+        let UnpacedRank {
+            rank,
+            shutdown,
+            mut responses,
+            outputs: _outputs,
+        } = unpaced_rank_with_request(16);
         let (mut num_tokens, mut num_batches) = (0, 0);
         while let Some(first) = responses.recv().await {
             num_batches += 1;
