@@ -9,14 +9,24 @@
 //! and evicts the least recently used prompt; a prompt that extends (or repeats) a stored one
 //! replaces it, so a growing conversation holds one entry, not one per turn.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use crate::BuildIdentityHasher;
+use sharded_map::ShardedMap;
+use slab::Slab;
 
-/// What one stored prompt costs besides its values: a key and a map slot per cut point.
-pub const BYTES_PER_CUT: usize = 48;
+mod sharded_map;
+mod slab;
+
+/// What the store spends per stored prompt besides its cuts and the prompt itself: the count
+/// words of the shared allocation holding it, its slab slot and its place in the use order.
+/// The prompt's own fields (`size_of::<E>()`) come on top.
+pub const BYTES_PER_ENTRY: usize = 80;
+
+/// Bytes of bound per shard of the key map: a store of 16 MiB or more splits it 256 ways, one
+/// of 64 KiB or less keeps one map.
+const BYTES_PER_SHARD: usize = 64 << 10;
 
 /// One cut point of a prompt: the key of the text before it and the prompt's tokens before it.
 /// Equal keys promise equal token prefixes (the key hashes the text, and the cuts lie where the
@@ -63,7 +73,8 @@ impl std::ops::Add for PrefixStats {
 pub trait PrefixEntry {
     /// The keys of the prompt's cuts, shortest prefix first.
     fn keys(&self) -> &[u128];
-    /// Bytes it holds, counted against the store's bound (without [`BYTES_PER_CUT`]).
+    /// Heap bytes it holds (the capacities of its buffers), counted against the store's bound
+    /// with what the store adds ([`PrefixStore::stored_bytes`] and its key map).
     fn value_bytes(&self) -> usize;
 }
 
@@ -96,12 +107,11 @@ struct Slot<E> {
 
 struct State<E> {
     /// Prefix key → (entry, index of the key in it). Keys are hash values themselves.
-    cuts: HashMap<u128, (u64, usize), BuildIdentityHasher>,
-    entries: HashMap<u64, Slot<E>, BuildIdentityHasher>,
+    cuts: ShardedMap<u128, (u64, usize)>,
+    entries: Slab<Slot<E>>,
     /// Entries by last use, oldest first.
     by_use: BTreeMap<u64, u64>,
     bytes: usize,
-    next_id: u64,
     clock: u64,
 }
 
@@ -111,17 +121,23 @@ impl<E: PrefixEntry> PrefixStore<E> {
         Self {
             max_bytes,
             state: Mutex::new(State {
-                cuts: HashMap::default(),
-                entries: HashMap::default(),
+                cuts: ShardedMap::new(max_bytes / BYTES_PER_SHARD),
+                entries: Slab::new(),
                 by_use: BTreeMap::new(),
                 bytes: 0,
-                next_id: 0,
                 clock: 0,
             }),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             reused: AtomicU64::new(0),
         }
+    }
+
+    /// What storing `entry` counts against the bound besides its cuts' slots in the key map
+    /// (which the map counts as it grows): its heap bytes, its fields and the store's own cost
+    /// of holding it.
+    pub fn stored_bytes(entry: &E) -> usize {
+        entry.value_bytes() + std::mem::size_of::<E>() + BYTES_PER_ENTRY
     }
 
     /// Whether anything can be stored.
@@ -170,8 +186,9 @@ impl<E: PrefixEntry> PrefixStore<E> {
 
     /// Stores a prompt. A prompt without keys, or larger than the whole bound, is not stored.
     pub fn insert(&self, entry: E) {
+        let entry = Arc::new(entry);
         let keys = entry.keys();
-        let bytes = entry.value_bytes() + keys.len() * BYTES_PER_CUT;
+        let bytes = Self::stored_bytes(&entry);
         if keys.is_empty() || bytes > self.max_bytes {
             return;
         }
@@ -190,44 +207,54 @@ impl<E: PrefixEntry> PrefixStore<E> {
                 at == index
                     && state
                         .entries
-                        .get(&older)
+                        .get(older)
                         .is_some_and(|slot| slot.entry.keys().len() == index + 1)
             });
-        let replaced = extended.and_then(|(_, older, _)| state.take(older));
-        while state.bytes + bytes > self.max_bytes {
+        // Out of the use order while room is made, so that it is not the one evicted.
+        let replaced = extended.and_then(|(at, older, _)| Some((at, older, state.unlist(older)?)));
+        while state.held_bytes() + bytes > self.max_bytes {
             let Some((_, oldest)) = state.by_use.pop_first() else {
                 break;
             };
             state.remove(oldest);
         }
-        let (id, first_new) = match extended {
-            Some((at, older, _)) if replaced.is_some() => (older, at + 1),
-            _ => {
-                state.next_id += 1;
-                (state.next_id, 0)
+        state.clock += 1;
+        let now = state.clock;
+        let slot = Slot {
+            entry: Arc::clone(&entry),
+            last_used: now,
+            bytes,
+        };
+        let (id, first_new) = match replaced {
+            Some((at, older, _)) => {
+                if let Some(held) = state.entries.get_mut(older) {
+                    *held = slot;
+                }
+                (older, at + 1)
             }
+            None => (state.entries.insert(slot), 0),
         };
         for (index, key) in keys.iter().enumerate() {
             if index < first_new {
                 // Held already, by this slot or another prompt sharing the prefix; put back
                 // only if an evicted prompt took it along.
-                state.cuts.entry(*key).or_insert((id, index));
+                state.cuts.insert_if_absent(*key, (id, index));
             } else {
                 state.cuts.insert(*key, (id, index));
             }
         }
-        state.clock += 1;
-        let now = state.clock;
         state.by_use.insert(now, id);
         state.bytes += bytes;
-        state.entries.insert(
-            id,
-            Slot {
-                entry: Arc::new(entry),
-                last_used: now,
-                bytes,
-            },
-        );
+        // The new cuts may have grown the key map past the bound.
+        while state.held_bytes() > self.max_bytes {
+            match state.by_use.first_key_value() {
+                Some((_, &oldest)) if oldest != id => {
+                    state.by_use.pop_first();
+                    state.remove(oldest);
+                }
+                _ => break,
+            }
+        }
         drop(state);
         drop(replaced);
     }
@@ -236,7 +263,7 @@ impl<E: PrefixEntry> PrefixStore<E> {
     pub fn stats(&self) -> PrefixStats {
         let (bytes, entries) = {
             let state = self.lock();
-            (state.bytes as u64, state.entries.len() as u64)
+            (state.held_bytes() as u64, state.entries.len() as u64)
         };
         PrefixStats {
             hits: self.hits.load(Ordering::Relaxed),
@@ -253,11 +280,16 @@ impl<E: PrefixEntry> PrefixStore<E> {
 }
 
 impl<E: PrefixEntry> State<E> {
+    /// Bytes held: the entries' and the key map's.
+    fn held_bytes(&self) -> usize {
+        self.bytes + self.cuts.bytes()
+    }
+
     /// The entry `id`, now the most recently used.
     fn touch(&mut self, id: u64) -> Option<Arc<E>> {
         self.clock += 1;
         let now = self.clock;
-        let slot = self.entries.get_mut(&id)?;
+        let slot = self.entries.get_mut(id)?;
         let previous = std::mem::replace(&mut slot.last_used, now);
         let entry = slot.entry.clone();
         self.by_use.remove(&previous);
@@ -265,19 +297,22 @@ impl<E: PrefixEntry> State<E> {
         Some(entry)
     }
 
-    /// Takes entry `id` out of use and size accounting, leaving its cuts in place (the caller
-    /// puts a prompt holding them all under the same id).
-    fn take(&mut self, id: u64) -> Option<Slot<E>> {
-        let slot = self.entries.remove(&id)?;
+    /// Takes entry `id` out of use and size accounting, leaving it and its cuts in place (the
+    /// caller puts a prompt holding them all in its slot). Returns the entry, to be dropped
+    /// once the lock is let go.
+    fn unlist(&mut self, id: u64) -> Option<Arc<E>> {
+        let slot = self.entries.get_mut(id)?;
         self.by_use.remove(&slot.last_used);
-        self.bytes -= slot.bytes;
-        Some(slot)
+        self.bytes -= std::mem::take(&mut slot.bytes);
+        Some(slot.entry.clone())
     }
 
     fn remove(&mut self, id: u64) {
-        let Some(slot) = self.take(id) else {
+        let Some(slot) = self.entries.remove(id) else {
             return;
         };
+        self.by_use.remove(&slot.last_used);
+        self.bytes -= slot.bytes;
         for key in slot.entry.keys() {
             if self.cuts.get(key).is_some_and(|(owner, _)| *owner == id) {
                 self.cuts.remove(key);
@@ -319,6 +354,14 @@ mod tests {
         (1..=n).collect()
     }
 
+    /// What a test prompt costs beside its values and cuts.
+    const PER_ENTRY: usize = BYTES_PER_ENTRY + std::mem::size_of::<Prompt>();
+
+    /// What a one-shard key map with room for `cuts` costs.
+    fn key_map(cuts: usize) -> usize {
+        ShardedMap::<u128, (u64, usize)>::table_bytes(cuts)
+    }
+
     #[test]
     fn longest_stored_cut_gives_the_values_before_it() {
         let store = PrefixStore::new(1 << 20);
@@ -352,7 +395,7 @@ mod tests {
         assert_eq!((found.index, found.entry.values.len()), (0, 3));
         assert_eq!(
             store.stats().bytes as usize,
-            3 * 4 + 3 * BYTES_PER_CUT,
+            3 * 4 + PER_ENTRY + store.lock().cuts.bytes(),
             "the replaced prompt's bytes are released"
         );
         // Repeating it changes nothing.
@@ -368,8 +411,9 @@ mod tests {
 
     #[test]
     fn a_conversation_keeps_its_cuts_when_a_branch_sharing_them_is_evicted() {
-        let per_cut = 4 + BYTES_PER_CUT;
-        let store = PrefixStore::new(6 * per_cut);
+        // Room for six cuts in two prompts.
+        let bound = 6 * 4 + 2 * PER_ENTRY + key_map(7);
+        let store = PrefixStore::new(bound);
         store.insert(prompt(keys(2), &[1, 2], &[1, 2]));
         // A branch sharing cut 1 takes that key's slot in the map.
         store.insert(prompt(vec![1, 50], &[1, 2], &[1, 5]));
@@ -387,24 +431,47 @@ mod tests {
             assert_eq!(found.index as u128, key - 1);
             assert_eq!(found.entry.values.len(), 5);
         }
-        assert!(store.stats().bytes as usize <= 6 * per_cut);
+        assert!(store.stats().bytes as usize <= bound);
     }
 
     #[test]
     fn stays_within_its_bound_evicting_the_least_recently_used() {
-        let per_entry = 100 * 4 + BYTES_PER_CUT;
-        let store = PrefixStore::new(3 * per_entry);
+        let per_entry = 100 * 4 + PER_ENTRY;
+        let bound = 3 * per_entry + key_map(7);
+        let store = PrefixStore::new(bound);
         for key in 0..10u128 {
             store.insert(prompt(vec![key * 1000], &[100], &[7; 100]));
             if key >= 1 {
                 // Keep prompt 0 recently used.
                 assert!(store.longest(&[0]).is_some());
             }
-            assert!(store.stats().bytes as usize <= 3 * per_entry);
+            assert!(store.stats().bytes as usize <= bound);
         }
         assert!(store.find(0).is_some());
         assert!(store.find(1000).is_none());
         assert_eq!(store.stats().entries, 3);
+    }
+
+    #[test]
+    fn filling_up_never_grows_one_map_by_more_than_a_small_part_of_the_store() {
+        // Growing a map moves all it holds under the store's lock; the store splits its maps so
+        // that no single map holds more than a few times its even share.
+        let store = PrefixStore::new(1 << 30);
+        let mut key = 0u128;
+        for _ in 0..50_000 {
+            let keys = (0..3)
+                .map(|_| {
+                    key = key.wrapping_add(0x2545_F491_4F6C_DD1D_9E37_79B9_7F4A_7C15);
+                    key
+                })
+                .collect();
+            store.insert(prompt(keys, &[1, 2, 3], &[1, 2, 3]));
+        }
+        let state = store.lock();
+        assert_eq!((state.cuts.len(), state.entries.len()), (150_000, 50_000));
+        let even = |n: usize| n / sharded_map::MAX_SHARDS;
+        assert!(state.cuts.largest_shard() < 2 * even(150_000));
+        // Entries sit in a slab, which grows a chunk at a time.
     }
 
     #[test]

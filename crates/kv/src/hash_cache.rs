@@ -31,7 +31,9 @@ impl PrefixEntry for HashedPrompt {
     }
 
     fn value_bytes(&self) -> usize {
-        self.hashes.len() * std::mem::size_of::<(u64, u64)>()
+        self.keys.capacity() * std::mem::size_of::<u128>()
+            + self.blocks.capacity() * std::mem::size_of::<usize>()
+            + self.hashes.capacity() * std::mem::size_of::<(u64, u64)>()
     }
 }
 

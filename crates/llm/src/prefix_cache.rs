@@ -57,7 +57,8 @@ impl PrefixEntry for TokenizedPrompt {
     fn value_bytes(&self) -> usize {
         self.text.capacity()
             + self.ids.held_bytes()
-            + self.offsets.len() * 2 * std::mem::size_of::<usize>()
+            + self.keys.capacity() * std::mem::size_of::<u128>()
+            + (self.offsets.capacity() + self.tokens.capacity()) * std::mem::size_of::<usize>()
     }
 }
 
@@ -75,7 +76,9 @@ impl IdPieces {
     /// as many turns).
     const MAX_PIECES: usize = 64;
 
-    /// The first `n` ids, sharing the pieces.
+    /// The first `n` ids, sharing the pieces of which at least half is taken and copying the
+    /// part taken of the others: a prompt sharing only a system prompt with a long
+    /// conversation should not keep the conversation's ids alive after it is evicted.
     fn prefix(&self, n: usize) -> Self {
         let mut left = n;
         let pieces = self
@@ -84,7 +87,13 @@ impl IdPieces {
             .map_while(|(piece, used)| {
                 let take = (*used).min(left);
                 left -= take;
-                (take > 0).then(|| (piece.clone(), take))
+                (take > 0).then(|| {
+                    if take * 2 >= piece.len() {
+                        (piece.clone(), take)
+                    } else {
+                        (Arc::from(&piece[..take]), take)
+                    }
+                })
             })
             .collect();
         Self { pieces }
@@ -114,12 +123,17 @@ impl IdPieces {
         }
     }
 
-    /// Bytes of the pieces held (whole pieces, even where only part is used).
+    /// Bytes of the pieces held (whole pieces, even where only part is used, or shared with
+    /// another prompt) and of the list of them.
     fn held_bytes(&self) -> usize {
-        self.pieces
-            .iter()
-            .map(|(piece, _)| piece.len() * std::mem::size_of::<u32>())
-            .sum()
+        /// The counts an `Arc` keeps before its data.
+        const ARC_COUNTS: usize = 2 * std::mem::size_of::<usize>();
+        self.pieces.capacity() * std::mem::size_of::<(Arc<[u32]>, usize)>()
+            + self
+                .pieces
+                .iter()
+                .map(|(piece, _)| ARC_COUNTS + std::mem::size_of_val::<[u32]>(piece))
+                .sum::<usize>()
     }
 }
 
@@ -344,8 +358,16 @@ mod tests {
         let mut branch = pieces.prefix(2);
         branch.push(&[9]);
         assert_eq!(gathered(&branch, usize::MAX), [1, 2, 9]);
-        // The branch holds the whole first piece, which its bytes count.
-        assert_eq!(branch.held_bytes(), 4 * 4);
+        // The branch uses two thirds of the first piece, so it shares that piece and counts
+        // the whole of it; a branch using one third copies what it uses.
+        assert!(Arc::ptr_eq(&branch.pieces[0].0, &pieces.pieces[0].0));
+        let piece = |ids: usize| 16 + 4 * ids;
+        let list = |pieces: &IdPieces| pieces.pieces.capacity() * 24;
+        assert_eq!(branch.held_bytes(), list(&branch) + piece(3) + piece(1));
+        let short = pieces.prefix(1);
+        assert!(!Arc::ptr_eq(&short.pieces[0].0, &pieces.pieces[0].0));
+        assert_eq!(gathered(&short, usize::MAX), [1]);
+        assert_eq!(short.held_bytes(), list(&short) + piece(1));
         assert_eq!(gathered(&pieces.prefix(0), usize::MAX), Vec::<u32>::new());
         let mut long = IdPieces::default();
         let mut expected = Vec::new();

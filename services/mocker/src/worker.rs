@@ -51,8 +51,8 @@ pub struct MockWorker {
     block_hashes: Option<(Arc<BlockHashCache>, usize)>,
 }
 
-/// What the worker's block-hash cache may hold: 16 bytes per block, 48 per cut point, so a few
-/// hundred long conversations (docs/mocker.md, "Prefix caching").
+/// What the worker's block-hash cache may hold: about 16 bytes per block and 72 per cut point
+/// (docs/tokenization.md, "Memory"), so a few hundred long conversations (docs/mocker.md, "Prefix caching").
 pub const BLOCK_HASH_CACHE_BYTES: usize = 32 << 20;
 
 impl MockWorker {
