@@ -25,6 +25,16 @@
 //! `b·(1 + ρ) + n·w·α'`, `n` the mean number of requests already on the chosen rank at routing:
 //! `credit = (b·(1 + ρ) + n·w·α') / A` and `scale = A / δ`.
 //!
+//! A cached block also saves cache space. Sent away from its cached prefix, a request stores
+//! that prefix a second time, and in a full cache every block stored evicts one a later request
+//! may need. The router reads how full the chosen rank's cache is (blocks the event-fed index
+//! holds over the rank's KV blocks) and multiplies the credit by `1 + 2·p`, `p` the share of
+//! recent routings that went to a full cache: the traces whose caches churn want 2–3× the
+//! fitted credit, loads that never fill the caches want it as it is. Because the credit is then
+//! often well above 1, the adjusted prefill is not floored at zero in this mode
+//! (`CostWeights::floor_adjusted_prefill`): floored, every worker holding a shared system
+//! prompt would cost the same and a session's own worker would not stand out.
+//!
 //! The fixed flags are the starting point; the learned values are clamped to the range the
 //! benchmark sweeps and moved in quarter-octave steps with hysteresis, so the weights change
 //! (and are logged) only when the evidence moves them.
@@ -65,8 +75,20 @@ pub const MAX_CREDIT: f64 = 16.0;
 pub const MIN_SCALE: f64 = 1.0;
 /// Largest learned prefill load scale.
 pub const MAX_SCALE: f64 = 256.0;
-/// A rank whose decayed share of recent requests exceeds this × the mean is passed over.
-pub const MAX_REQUEST_SHARE: f64 = 1.15;
+/// A rank whose decayed share of recent requests exceeds this × the mean is passed over (the
+/// imbalance the adaptive mode allows: issue 17 bounds request imbalance at 1.25).
+pub const MAX_REQUEST_SHARE: f64 = 1.25;
+/// How much more a cached block is worth when the workers' caches are full: `credit` is
+/// multiplied by `1 + FULL_CACHE_CREDIT · p`, `p` the share of recent routings that went to a
+/// rank whose cache was full. A request sent away from its cached prefix stores that prefix a
+/// second time; in a full cache each block stored evicts one that a later request may need,
+/// in a cache with room it costs nothing later. Measured (docs/benchmarks.md, issue 17): the
+/// best fixed credit is 2–3× the fitted one on the conversation traces, whose caches churn,
+/// and equal to it on loads that never fill them.
+pub const FULL_CACHE_CREDIT: f64 = 2.0;
+/// A rank's cache counts as full from this share of its KV blocks held (engines keep freed
+/// blocks cached until they need the room, so a churning cache sits just under its size).
+pub const FULL_CACHE_AT: f64 = 0.95;
 
 /// Observations before the fit replaces the starting weights.
 const MIN_OBSERVATIONS: u64 = 128;
@@ -176,6 +198,10 @@ pub(crate) struct Adaptive {
     decode: Fit,
     /// Forgetting sum of the requests already on the chosen rank, over the first tokens.
     running_sum: f64,
+    /// Forgetting sums of the routings to a rank whose cache was full, and of all routings
+    /// that knew.
+    full_sum: f64,
+    full_count: f64,
     pending: HashMap<ReqKey, Pending>,
     decoding: HashMap<ReqKey, Decoding>,
     /// Recent requests per rank, in units of `growth` (lazy exponential decay).
@@ -198,6 +224,8 @@ impl Adaptive {
             ttft: Fit::default(),
             decode: Fit::default(),
             running_sum: 0.0,
+            full_sum: 0.0,
+            full_count: 0.0,
             pending: HashMap::new(),
             decoding: HashMap::new(),
             counts: HashMap::new(),
@@ -212,7 +240,8 @@ impl Adaptive {
 
     /// A request was routed to `worker` (by this router or a replica): `queued_tokens` of
     /// prefill were already waiting there, it brings `uncached_tokens` of its own, the rank
-    /// held `decode_blocks` and `running` requests.
+    /// held `decode_blocks` and `running` requests, and its cache was `fullness` full (0–1,
+    /// when the index and the rank's size are known).
     pub fn on_routed(
         &mut self,
         key: ReqKey,
@@ -220,7 +249,13 @@ impl Adaptive {
         now: Duration,
         block_size: u32,
         (queued_tokens, uncached_tokens, decode_blocks, running): (u64, u64, u64, u32),
+        fullness: Option<f64>,
     ) {
+        if let Some(fullness) = fullness {
+            let full = if fullness >= FULL_CACHE_AT { 1.0 } else { 0.0 };
+            self.full_sum = self.full_sum * FORGET + full;
+            self.full_count = self.full_count * FORGET + 1.0;
+        }
         let block = f64::from(block_size.max(1));
         let features = [
             1.0,
@@ -335,7 +370,8 @@ impl Adaptive {
             // A cached block saves its request `b`, the requests queued behind it `ρ·b`, and
             // each request decoding on the rank the prefill pass it would have shared.
             let saved = b * (1.0 + queued_behind) + running * costs.weight * costs.queued;
-            let credit = (saved / queued).clamp(MIN_CREDIT, MAX_CREDIT);
+            let credit = (saved / queued * (1.0 + FULL_CACHE_CREDIT * self.full_share()))
+                .clamp(MIN_CREDIT, MAX_CREDIT);
             moved |= step(&mut self.weights.overlap_score_credit, credit);
         }
         if a > 0.0 {
@@ -352,6 +388,15 @@ impl Adaptive {
             );
         }
         moved.then_some(self.weights)
+    }
+
+    /// The share of recent routings that went to a rank whose cache was full (0 when unknown).
+    fn full_share(&self) -> f64 {
+        if self.full_count > 0.0 {
+            self.full_sum / self.full_count
+        } else {
+            0.0
+        }
     }
 
     /// What the decode fit says, once it rests on enough completions (zeros before).

@@ -38,9 +38,16 @@ fn feed_queued(
             start,
             16,
             (q * 16, u * 16, d, 0),
+            learner_fullness(learner),
         );
         learner.on_first_token(&key(id), start + Duration::from_secs_f64(ttft));
     }
+}
+
+/// The cache fullness the feeding helpers report: full or empty as a test set the learner's
+/// sums before (so that feeding keeps them), none otherwise.
+fn learner_fullness(learner: &Adaptive) -> Option<f64> {
+    (learner.full_count > 0.0).then(|| learner.full_share())
 }
 
 /// The weight grid's value nearest `x` (quarter octaves).
@@ -126,6 +133,7 @@ fn feed_decoding(learner: &mut Adaptive, rng: &mut Rng, n: u64, running: u32, st
             start,
             16,
             (q * 16, u * 16, d, running),
+            None,
         );
         learner.on_first_token(&key, first);
         learner.on_completed(
@@ -212,6 +220,7 @@ fn too_few_observations_keep_the_starting_weights() {
         Duration::ZERO,
         16,
         (0, 16, 0, 0),
+        None,
     );
     learner.forget(&key(999));
     assert!(
@@ -225,6 +234,7 @@ fn too_few_observations_keep_the_starting_weights() {
         Duration::ZERO,
         16,
         (0, 16, 0, 0),
+        None,
     );
     learner.expire(Duration::from_secs(1));
     assert!(learner.pending.is_empty());
@@ -262,4 +272,36 @@ fn the_share_cap_passes_over_ranks_far_above_the_mean() {
         vec![false, true, true, true]
     );
     assert_eq!(learner.under_share_cap(&keys[..1]), vec![true]);
+}
+
+#[test]
+fn full_caches_raise_the_credit_and_caches_with_room_leave_it() {
+    // The same exchange rates, once with every chosen rank's cache full and once with room.
+    let rates = (0.002, 0.004, 0.00001);
+    let learned = |full: f64| {
+        let mut learner = Adaptive::new(1.0, 1.0);
+        learner.full_sum = full;
+        learner.full_count = 1.0;
+        let mut rng = Rng::new(5);
+        feed(&mut learner, &mut rng, 0, 3000, rates);
+        assert!((learner.full_share() - full).abs() < 1e-9);
+        learner.weights().overlap_score_credit
+    };
+    let (with_room, full) = (learned(0.0), learned(1.0));
+    let expected = snap(with_room * (1.0 + FULL_CACHE_CREDIT));
+    assert!(
+        (full / expected - 1.0).abs() < 0.2,
+        "full {full}, with room {with_room}"
+    );
+    assert!(full > 2.0 * with_room);
+    // A rank counts as full from FULL_CACHE_AT of its blocks; the share is over the routings
+    // that knew, recent ones weighing most.
+    let mut learner = Adaptive::new(1.0, 1.0);
+    let worker = WorkerKey::new(0, 0);
+    let fullness = [Some(0.5), None, Some(FULL_CACHE_AT), Some(0.999), Some(0.9)];
+    for (id, fullness) in (0..).zip(fullness) {
+        learner.on_routed(key(id), worker, Duration::ZERO, 16, (0, 16, 0, 0), fullness);
+    }
+    let share = learner.full_share();
+    assert!((share - 0.5).abs() < 0.01, "{share}");
 }

@@ -417,6 +417,19 @@ impl RouterCore {
         self.side.as_ref().map(ApproxIndex::num_blocks)
     }
 
+    /// How full a rank's cache is: blocks the event-fed index holds for it over its KV blocks,
+    /// when both are known (the adaptive weights read it).
+    pub(crate) fn cache_fullness(&self, worker: WorkerKey) -> Option<f64> {
+        let total = self
+            .workers
+            .get(&worker.worker_id)?
+            .runtime
+            .and_then(|runtime| runtime.total_kv_blocks)
+            .filter(|&total| total > 0)?;
+        let held = self.primary.as_ref()?.blocks_held(worker)?;
+        Some(held as f64 / total as f64)
+    }
+
     pub(crate) fn key(&self, request_id: &str) -> ReqKey {
         (Arc::clone(&self.router_id), request_id.to_string())
     }

@@ -37,6 +37,11 @@ pub struct CostWeights {
     pub decode_active_request_weight: f64,
     /// Whether prefill load enters the cost at all.
     pub track_prefill_tokens: bool,
+    /// Whether the adjusted prefill stops at zero, as in Dynamo's formula. The adaptive mode
+    /// lets it go below: its learned credit is often above 1, and at zero every worker whose
+    /// credit covers its whole prefill (all those holding a shared system prompt) would cost the
+    /// same, so a session's own worker would no longer stand out.
+    pub floor_adjusted_prefill: bool,
 }
 
 /// Everything a decision takes from the config after the per-request override.
@@ -72,6 +77,7 @@ impl EffectiveKv {
             disk_cache_hit_weight: config.disk_cache_hit_weight,
             decode_active_request_weight: config.decode_active_request_weight,
             track_prefill_tokens: config.track_prefill_tokens,
+            floor_adjusted_prefill: learned.is_none(),
         };
         if let Some(learned) = learned {
             weights.overlap_score_credit = learned.overlap_score_credit;
@@ -182,7 +188,8 @@ pub fn lmetric_cost(
     candidate: &CandidateLoad,
 ) -> f64 {
     let terms = kv_cost_breakdown(weights, request, candidate);
-    terms.adjusted_prefill * (candidate.decode_blocks as f64 + 1.0)
+    // A product ranks by sign: new prefill below zero would make a fuller batch cheaper.
+    terms.adjusted_prefill.max(0.0) * (candidate.decode_blocks as f64 + 1.0)
 }
 
 /// [`kv_cost`] with its terms.
@@ -214,7 +221,11 @@ pub fn kv_cost_breakdown(
     let credit = weights.overlap_score_credit * decay * f64::from(candidate.device_overlap)
         + weights.host_cache_hit_weight * f64::from(candidate.host_overlap)
         + weights.disk_cache_hit_weight * f64::from(candidate.disk_overlap);
-    let adjusted_prefill = (raw_prefill - credit).max(0.0);
+    let adjusted_prefill = if weights.floor_adjusted_prefill {
+        (raw_prefill - credit).max(0.0)
+    } else {
+        raw_prefill - credit
+    };
     let cost = weights.prefill_load_scale * adjusted_prefill
         + candidate.decode_blocks as f64
         + weights.decode_active_request_weight * f64::from(candidate.active_requests);

@@ -185,3 +185,31 @@ fn overrides_replace_config_values() {
     };
     assert_eq!(EffectiveKv::new(&config, Some(&bad)).temperature, 0.0);
 }
+
+#[test]
+fn learned_weights_let_the_adjusted_prefill_go_below_zero() {
+    // Credit 4: a session's worker holds 8 blocks of a 10-block prompt, two other workers hold
+    // its 4-block system prompt. Floored at zero (Dynamo's formula) all three cost the same; the
+    // adaptive mode's weights keep the session's worker cheapest.
+    let learned = crate::adaptive::LearnedWeights {
+        overlap_score_credit: 4.0,
+        prefill_load_scale: 1.0,
+        num_observations: 0,
+        num_decodes: 0,
+    };
+    let config = KvRouterConfig::default();
+    let fixed = EffectiveKv::new(&config, None).weights;
+    let fixed = CostWeights {
+        overlap_score_credit: 4.0,
+        ..fixed
+    };
+    let auto = EffectiveKv::with_learned(&config, Some(&learned), None).weights;
+    assert!(fixed.floor_adjusted_prefill && !auto.floor_adjusted_prefill);
+    let (session, shared) = (candidate(8, 0), candidate(4, 0));
+    assert_eq!(kv_cost(&fixed, &shape(10), &session), 0.0);
+    assert_eq!(kv_cost(&fixed, &shape(10), &shared), 0.0);
+    assert_eq!(kv_cost(&auto, &shape(10), &session), 10.0 - 32.0);
+    assert_eq!(kv_cost(&auto, &shape(10), &shared), 10.0 - 16.0);
+    let terms = kv_cost_breakdown(&auto, &shape(10), &session);
+    assert_eq!(terms.adjusted_prefill, -22.0);
+}

@@ -10,7 +10,7 @@
 
 use std::sync::{Arc, PoisonError, RwLock};
 
-use kvmesh_kv::{ConcurrentIndex, OverlapScores, RadixIndex};
+use kvmesh_kv::{ConcurrentIndex, OverlapScores, RadixIndex, WorkerKey};
 
 use crate::config::KvRouterConfig;
 
@@ -18,11 +18,21 @@ use crate::config::KvRouterConfig;
 pub trait OverlapSource: Send + Sync {
     /// Matches `local_hashes` (the prompt's block hashes, root first) for `model`.
     fn find_matches(&self, model: &str, local_hashes: &[u64]) -> OverlapScores;
+
+    /// Device blocks the index holds for `worker`, where the source knows (the adaptive
+    /// weights read how full the workers' caches are from it); `None` by default.
+    fn blocks_held(&self, _worker: WorkerKey) -> Option<u64> {
+        None
+    }
 }
 
 impl OverlapSource for ConcurrentIndex {
     fn find_matches(&self, _model: &str, local_hashes: &[u64]) -> OverlapScores {
         ConcurrentIndex::find_matches(self, local_hashes)
+    }
+
+    fn blocks_held(&self, worker: WorkerKey) -> Option<u64> {
+        Some(self.tree_size(worker))
     }
 }
 
@@ -32,11 +42,23 @@ impl OverlapSource for RwLock<RadixIndex> {
             .unwrap_or_else(PoisonError::into_inner)
             .find_matches(local_hashes)
     }
+
+    fn blocks_held(&self, worker: WorkerKey) -> Option<u64> {
+        Some(
+            self.read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .tree_size(worker),
+        )
+    }
 }
 
 impl<S: OverlapSource + ?Sized> OverlapSource for Arc<S> {
     fn find_matches(&self, model: &str, local_hashes: &[u64]) -> OverlapScores {
         (**self).find_matches(model, local_hashes)
+    }
+
+    fn blocks_held(&self, worker: WorkerKey) -> Option<u64> {
+        (**self).blocks_held(worker)
     }
 }
 

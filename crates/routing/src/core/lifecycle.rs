@@ -145,6 +145,7 @@ impl RouterCore {
                 } else {
                     0
                 };
+                let fullness = self.cache_fullness(event.worker);
                 if let Some(adaptive) = self.adaptive.as_mut() {
                     let observed = (
                         self.tracker.prefill_tokens(event.worker),
@@ -152,7 +153,14 @@ impl RouterCore {
                         self.tracker.active_blocks(event.worker),
                         self.tracker.requests_on(event.worker),
                     );
-                    adaptive.on_routed(key.clone(), event.worker, now, self.block_size, observed);
+                    adaptive.on_routed(
+                        key.clone(),
+                        event.worker,
+                        now,
+                        self.block_size,
+                        observed,
+                        fullness,
+                    );
                 }
                 self.tracker.add(
                     key,

@@ -228,6 +228,7 @@ impl RouterCore {
             );
         }
         self.health.routed(chosen.worker_id, &key, now);
+        let fullness = self.cache_fullness(chosen);
         if let Some(adaptive) = self.adaptive.as_mut() {
             let observed = (
                 self.tracker.prefill_tokens(chosen),
@@ -235,7 +236,14 @@ impl RouterCore {
                 self.tracker.active_blocks(chosen),
                 self.tracker.requests_on(chosen),
             );
-            adaptive.on_routed(key.clone(), chosen, now, self.block_size, observed);
+            adaptive.on_routed(
+                key.clone(),
+                chosen,
+                now,
+                self.block_size,
+                observed,
+                fullness,
+            );
         }
         self.tracker.add(
             key,
