@@ -245,14 +245,22 @@ impl<E: PrefixEntry> PrefixStore<E> {
         }
         state.by_use.insert(now, id);
         state.bytes += bytes;
-        // The new cuts may have grown the key map past the bound.
+        // The new cuts may have grown the key map past the bound. A prompt evicted here may
+        // have taken cuts this one shares with it; this one holds them too.
+        let mut evicted = false;
         while state.held_bytes() > self.max_bytes {
             match state.by_use.first_key_value() {
                 Some((_, &oldest)) if oldest != id => {
                     state.by_use.pop_first();
                     state.remove(oldest);
+                    evicted = true;
                 }
                 _ => break,
+            }
+        }
+        if evicted {
+            for (index, key) in keys.iter().enumerate() {
+                state.cuts.insert_if_absent(*key, (id, index));
             }
         }
         drop(state);
@@ -431,6 +439,25 @@ mod tests {
             assert_eq!(found.index as u128, key - 1);
             assert_eq!(found.entry.values.len(), 5);
         }
+        assert!(store.stats().bytes as usize <= bound);
+    }
+
+    #[test]
+    fn a_prompt_keeps_the_cuts_it_shares_when_its_own_growth_evicts_their_owner() {
+        // A conversation holds cuts 1 and 2; a branch takes cut 1 in the key map. The next turn
+        // extends the conversation with three cuts, which grow the key map (room for 3 → 7)
+        // past the bound, so the branch, least recently used, is evicted after the turn is
+        // stored, and takes cut 1 with it.
+        let bound = 2 * 4 + 5 * 4 + 2 * PER_ENTRY + key_map(3) + 50;
+        assert!(bound < 2 * 4 + 5 * 4 + 2 * PER_ENTRY + key_map(7));
+        let store = PrefixStore::new(bound);
+        store.insert(prompt(keys(2), &[1, 2], &[1, 2]));
+        store.insert(prompt(vec![1, 50], &[1, 2], &[1, 5]));
+        store.insert(prompt(keys(5), &[1, 2, 3, 4, 5], &[1, 2, 3, 4, 5]));
+        assert_eq!(store.stats().entries, 1);
+        assert!(store.find(50).is_none());
+        let shared = store.find(1).expect("the conversation holds cut 1 too");
+        assert_eq!((shared.index, shared.entry.values.len()), (0, 5));
         assert!(store.stats().bytes as usize <= bound);
     }
 
