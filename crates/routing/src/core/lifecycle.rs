@@ -145,7 +145,11 @@ impl RouterCore {
                 } else {
                     0
                 };
-                let fullness = self.cache_fullness(event.worker);
+                let fullness = self
+                    .adaptive
+                    .is_some()
+                    .then(|| self.cache_fullness(event.worker))
+                    .flatten();
                 if let Some(adaptive) = self.adaptive.as_mut() {
                     let observed = (
                         self.tracker.prefill_tokens(event.worker),

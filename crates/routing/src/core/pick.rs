@@ -228,7 +228,11 @@ impl RouterCore {
             );
         }
         self.health.routed(chosen.worker_id, &key, now);
-        let fullness = self.cache_fullness(chosen);
+        let fullness = self
+            .adaptive
+            .is_some()
+            .then(|| self.cache_fullness(chosen))
+            .flatten();
         if let Some(adaptive) = self.adaptive.as_mut() {
             let observed = (
                 self.tracker.prefill_tokens(chosen),
