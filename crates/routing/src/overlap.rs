@@ -122,5 +122,11 @@ mod tests {
             1
         );
         assert!(NoIndex.find_matches("m", &[1]).scores.is_empty());
+        // How many blocks each holds for a worker, which the adaptive weights read.
+        let worker = WorkerKey::new(7, 0);
+        assert_eq!(source.blocks_held(worker), Some(2));
+        assert_eq!(radix.blocks_held(worker), Some(2));
+        assert_eq!(source.blocks_held(WorkerKey::new(8, 0)), Some(0));
+        assert_eq!(NoIndex.blocks_held(worker), None);
     }
 }

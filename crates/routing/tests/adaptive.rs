@@ -1,17 +1,20 @@
 //! The adaptive KV cost weights (`--router-kv-weights auto`) through the routing core: they
 //! converge on the exchange rates of a workload whose time to first token is a known function of
-//! the load, follow a change midway, and two replicas fed each other's sync events end with the
-//! same weights.
+//! the load, follow a change midway, two replicas fed each other's sync events end with the
+//! same weights, and full caches in the event-fed index raise the credit.
 
 #[path = "support/helpers.rs"]
 mod helpers;
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use helpers::{B, config, worker};
-use kvmesh_kv::WorkerKey;
+use kvmesh_kv::{
+    ConcurrentIndex, KvEvent, KvEventBatch, KvEventKind, KvStored, KvStoredBlock, Tier, WorkerKey,
+};
 use kvmesh_routing::{LearnedWeights, Rng, RouteOutcome, RouteRequest, RouterCore, TerminalPath};
 
 /// Time to first token as a function of the chosen rank's load at routing time, s per block.
@@ -276,4 +279,59 @@ fn replicas_with_sync_end_with_the_same_weights() {
     let (mut rng, mut now_us) = (Rng::new(5), 0);
     drive(&mut alone, &mut rng, &mut now_us, 0, 600, truth);
     assert_eq!(observed(&alone[0]), Some(300));
+}
+
+/// A router whose workers have `total_kv_blocks` each and an event-fed index in which every
+/// worker already holds `held` blocks (hashes no prompt of these tests makes).
+fn router_with_caches(total_kv_blocks: u64, held: u64) -> RouterCore {
+    let index = ConcurrentIndex::new(1);
+    for w in 1..=WORKERS {
+        let blocks = (0..held)
+            .map(|i| KvStoredBlock::new(u64::MAX - w * 1_000_000 - i, w * 1_000_000 + i))
+            .collect();
+        let batch = KvEventBatch {
+            worker_id: w,
+            dp_rank: 0,
+            events: vec![KvEvent {
+                event_id: 0,
+                tier: Tier::Device,
+                kind: KvEventKind::Stored(KvStored {
+                    parent_hash: None,
+                    blocks,
+                    start_position: None,
+                }),
+            }],
+            ..KvEventBatch::default()
+        };
+        index.apply(batch).unwrap_or_else(|e| panic!("{e:?}"));
+    }
+    index.flush().unwrap_or_else(|e| panic!("{e:?}"));
+    let args = ["--router-mode", "kv", "--router-kv-weights", "auto"];
+    let mut core = RouterCore::new(config(&args), "m", B, 1)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .with_overlap_source(Arc::new(index));
+    for w in 1..=WORKERS {
+        core.upsert_worker(worker(w, None, Some(total_kv_blocks)), Duration::ZERO);
+    }
+    core
+}
+
+#[test]
+fn full_caches_in_the_index_raise_the_learned_credit() {
+    let truth = Truth {
+        queued: 0.001,
+        uncached: 0.0005,
+        decode: 0.001 / 16.0,
+    };
+    let learned = |core: RouterCore| {
+        let mut routers = [core];
+        let (mut rng, mut now_us) = (Rng::new(11), 0);
+        drive(&mut routers, &mut rng, &mut now_us, 0, 4000, truth);
+        weights(&routers[0])
+    };
+    // The same requests and times: caches with room, then caches full (≥ 95 % of their blocks).
+    let with_room = learned(router_with_caches(1000, 100));
+    let full = learned(router_with_caches(100, 100));
+    let tripled = (3.0 * with_room.0, with_room.1);
+    assert!(near(full, tripled), "{full:?} vs {tripled:?}");
 }
