@@ -105,6 +105,8 @@ struct Slot<E> {
     entry: Arc<E>,
     last_used: u64,
     bytes: usize,
+    /// [`State::cuts_removed`] when all of this entry's cuts were last known to be held.
+    cuts_intact_at: u64,
 }
 
 struct State<E> {
@@ -115,6 +117,9 @@ struct State<E> {
     by_use: BTreeMap<u64, u64>,
     bytes: usize,
     clock: u64,
+    /// Cut keys removed from `cuts` so far: while it has not moved since an entry was stored,
+    /// every cut of that entry is still held.
+    cuts_removed: u64,
 }
 
 impl<E: PrefixEntry> PrefixStore<E> {
@@ -128,6 +133,7 @@ impl<E: PrefixEntry> PrefixStore<E> {
                 by_use: BTreeMap::new(),
                 bytes: 0,
                 clock: 0,
+                cuts_removed: 0,
             }),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -222,21 +228,30 @@ impl<E: PrefixEntry> PrefixStore<E> {
         }
         state.clock += 1;
         let now = state.clock;
+        let cuts_removed = state.cuts_removed;
         let slot = Slot {
             entry: Arc::clone(&entry),
             last_used: now,
             bytes,
+            cuts_intact_at: cuts_removed,
         };
-        let (id, first_new) = match replaced {
+        // The older prompt's cuts need checking only if some cut was removed since they were
+        // all known to be held (an evicted branch may have taken one): a conversation's turn
+        // then touches only its new cuts, not every cut of its history.
+        let (id, first_new, check_from) = match replaced {
             Some((at, older, _)) => {
+                let mut check_from = 0;
                 if let Some(held) = state.entries.get_mut(older) {
+                    if held.cuts_intact_at == cuts_removed {
+                        check_from = at + 1;
+                    }
                     *held = slot;
                 }
-                (older, at + 1)
+                (older, at + 1, check_from)
             }
-            None => (state.entries.insert(slot), 0),
+            None => (state.entries.insert(slot), 0, 0),
         };
-        for (index, key) in keys.iter().enumerate() {
+        for (index, key) in keys.iter().enumerate().skip(check_from) {
             if index < first_new {
                 // Held already, by this slot or another prompt sharing the prefix; put back
                 // only if an evicted prompt took it along.
@@ -263,6 +278,10 @@ impl<E: PrefixEntry> PrefixStore<E> {
         if evicted {
             for (index, key) in keys.iter().enumerate() {
                 state.cuts.insert_if_absent(*key, (id, index));
+            }
+            let cuts_removed = state.cuts_removed;
+            if let Some(slot) = state.entries.get_mut(id) {
+                slot.cuts_intact_at = cuts_removed;
             }
         }
         drop(state);
@@ -326,6 +345,7 @@ impl<E: PrefixEntry> State<E> {
         for key in slot.entry.keys() {
             if self.cuts.get(key).is_some_and(|(owner, _)| *owner == id) {
                 self.cuts.remove(key);
+                self.cuts_removed += 1;
             }
         }
     }
