@@ -25,9 +25,8 @@ mod slab;
 pub const BYTES_PER_ENTRY: usize = 80;
 
 /// Bytes of bound per shard of the key map: the default 256 MiB store splits it 64 ways, one of
-/// 4 MiB or less keeps one map. More shards make each doubling smaller but spread a
-/// conversation's cuts over more maps, which every turn reads (docs/benchmarks.md, "eighth
-/// round": 256 shards cost a later turn 0.077 ms against 0.051 ms at 64).
+/// 4 MiB or less keeps one map. More shards make each doubling smaller but spread the cuts a
+/// lookup or an insert touches over more maps (docs/benchmarks.md, "The shard count is a trade").
 const BYTES_PER_SHARD: usize = 4 << 20;
 
 /// One cut point of a prompt: the key of the text before it and the prompt's tokens before it.
