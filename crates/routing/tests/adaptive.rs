@@ -11,10 +11,8 @@ use std::collections::BinaryHeap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use helpers::{B, config, worker};
-use kvmesh_kv::{
-    ConcurrentIndex, KvEvent, KvEventBatch, KvEventKind, KvStored, KvStoredBlock, Tier, WorkerKey,
-};
+use helpers::{B, config, prompt, stored, worker};
+use kvmesh_kv::{ConcurrentIndex, Tier, WorkerKey};
 use kvmesh_routing::{LearnedWeights, Rng, RouteOutcome, RouteRequest, RouterCore, TerminalPath};
 
 /// Time to first token as a function of the chosen rank's load at routing time, s per block.
@@ -282,28 +280,16 @@ fn replicas_with_sync_end_with_the_same_weights() {
 }
 
 /// A router whose workers have `total_kv_blocks` each and an event-fed index in which every
-/// worker already holds `held` blocks (hashes no prompt of these tests makes).
+/// worker already holds `held` blocks (of a prompt no request of these tests sends: theirs are
+/// random tokens).
 fn router_with_caches(total_kv_blocks: u64, held: u64) -> RouterCore {
     let index = ConcurrentIndex::new(1);
     for w in 1..=WORKERS {
-        let blocks = (0..held)
-            .map(|i| KvStoredBlock::new(u64::MAX - w * 1_000_000 - i, w * 1_000_000 + i))
-            .collect();
-        let batch = KvEventBatch {
-            worker_id: w,
-            dp_rank: 0,
-            events: vec![KvEvent {
-                event_id: 0,
-                tier: Tier::Device,
-                kind: KvEventKind::Stored(KvStored {
-                    parent_hash: None,
-                    blocks,
-                    start_position: None,
-                }),
-            }],
-            ..KvEventBatch::default()
-        };
-        index.apply(batch).unwrap_or_else(|e| panic!("{e:?}"));
+        let base = u32::try_from(w).unwrap_or(0) * 1_000_000;
+        let tokens = prompt(base, held as usize * B as usize);
+        index
+            .apply(stored(w, Tier::Device, &tokens, 0))
+            .unwrap_or_else(|e| panic!("{e:?}"));
     }
     index.flush().unwrap_or_else(|e| panic!("{e:?}"));
     let args = ["--router-mode", "kv", "--router-kv-weights", "auto"];
