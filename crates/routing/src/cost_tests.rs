@@ -213,3 +213,19 @@ fn learned_weights_let_the_adjusted_prefill_go_below_zero() {
     let terms = kv_cost_breakdown(&auto, &shape(10), &session);
     assert_eq!(terms.adjusted_prefill, -22.0);
 }
+
+#[test]
+fn lmetric_never_makes_a_fuller_batch_cheaper() {
+    // With the adaptive mode's weights the adjusted prefill can go below zero; lmetric's product
+    // with the batch size must not then favour the worker with more decode blocks.
+    let learned = crate::adaptive::LearnedWeights {
+        overlap_score_credit: 4.0,
+        prefill_load_scale: 1.0,
+        num_observations: 0,
+        num_decodes: 0,
+    };
+    let auto = EffectiveKv::with_learned(&KvRouterConfig::default(), Some(&learned), None).weights;
+    let (light, busy) = (candidate(8, 0), candidate(8, 100));
+    assert!(kv_cost_breakdown(&auto, &shape(10), &busy).adjusted_prefill < 0.0);
+    assert!(lmetric_cost(&auto, &shape(10), &light) <= lmetric_cost(&auto, &shape(10), &busy));
+}
