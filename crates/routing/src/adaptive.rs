@@ -35,13 +35,26 @@
 //! (`CostWeights::floor_adjusted_prefill`): floored, every worker holding a shared system
 //! prompt would cost the same and a session's own worker would not stand out.
 //!
+//! A prefill also stalls the requests decoding beside it, and how much that costs depends on the
+//! candidate, not on the exchange rate: sending a request to a rank with pending prefill `P`
+//! (its queued blocks and the request's own, less the credit) and `n` requests running puts
+//! about `P·n` decode steps into passes that carry prefill. The adaptive cost adds
+//! `scale · κ · max(P, 0) · n` (lmetric's product, on top of the linear cost), which spreads
+//! prefill away from crowded ranks where their requests would miss their inter-token
+//! latency. `κ` is [`DECODE_STALL_WEIGHT`] while running sequences hold little of the
+//! caches and fades to zero as their mean share of the KV blocks reaches
+//! [`MEMORY_BOUND_USAGE`]: there a decode pass is already several times its idle length, a
+//! prefill's stall is a small part of each step, and spreading by running requests costs the
+//! hit rate and queueing that decide time to first token (docs/benchmarks.md, issue 17).
+//!
 //! The fixed flags are the starting point; the learned values are clamped to the range the
 //! benchmark sweeps and moved in quarter-octave steps with hysteresis, so the weights change
 //! (and are logged) only when the evidence moves them.
 //!
 //! Replicas converge without exchanging weights: replica sync carries every request's routing
 //! (with its uncached tokens), first token and end (with how it ended), and a replica reads `q`,
-//! `d` and `n` from its own mirror of the load, so all replicas fit the same observations; like
+//! `d`, `n` and the running share of the caches from its own mirror of the load and its worker
+//! table, so all replicas fit the same observations; like
 //! the router that served it, a replica drops the decode time of a request that did not
 //! complete.
 //!
@@ -55,6 +68,10 @@ use std::time::Duration;
 use kvmesh_kv::WorkerKey;
 
 use crate::tracker::ReqKey;
+
+mod fit;
+
+use fit::{FORGET, Fit};
 
 /// How the KV cost model's credit and scale are set (`--router-kv-weights`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize)]
@@ -90,18 +107,22 @@ pub const FULL_CACHE_CREDIT: f64 = 2.0;
 /// blocks cached until they need the room, so a churning cache sits just under its size).
 pub const FULL_CACHE_AT: f64 = 0.95;
 
+/// Weight of the decode-stall term (pending prefill blocks × requests running on the rank, in
+/// units of the prefill load scale) while the caches have room. Measured (docs/benchmarks.md,
+/// issue 17): with the fade to zero at 50 %, 0.05 and 0.2 left 5 and 4 of 90 checks over
+/// three seeds unmet, 0.1 two.
+pub const DECODE_STALL_WEIGHT: f64 = 0.1;
+/// Mean share of a rank's KV blocks held by running sequences at which the decode-stall term
+/// has faded to zero. By 30 % a decode pass takes about three times its idle length
+/// (docs/mocker.md, "Timing"), so a prefill's stall is a small part of each step.
+pub const MEMORY_BOUND_USAGE: f64 = 0.3;
+
 /// Observations before the fit replaces the starting weights.
 const MIN_OBSERVATIONS: u64 = 128;
-/// Forgetting per observation: the fit remembers about the last 2048 first tokens.
-const FORGET: f64 = 1.0 - 1.0 / 2048.0;
 /// Decay of the request counts per routed request (about the last 64 requests per rank).
 const COUNT_WINDOW_PER_RANK: f64 = 64.0;
 /// Requests a rank may be ahead of the mean before the share cap applies at all.
 const COUNT_SLACK: f64 = 2.0;
-/// Standard errors taken off the decode fit's slope: a decode stall counts only as far as the
-/// observations show it beyond their noise (decode times vary with output lengths the router
-/// does not know).
-const EVIDENCE_SDS: f64 = 2.0;
 /// Weights move in steps of 2^(1/4).
 const STEPS_PER_OCTAVE: f64 = 4.0;
 /// A weight moves once its fitted value is this many steps away from the current one: 0.1 step
@@ -115,6 +136,8 @@ pub struct LearnedWeights {
     pub overlap_score_credit: f64,
     /// Weight of the adjusted prefill blocks.
     pub prefill_load_scale: f64,
+    /// Weight of the decode-stall term (see the module docs); 0 until the fit takes over.
+    pub decode_stall_weight: f64,
     /// First tokens observed so far.
     pub num_observations: u64,
     /// Completed requests whose decode time was observed so far.
@@ -137,56 +160,6 @@ struct Decoding {
     features: [f64; 4],
 }
 
-/// An exponentially forgetting least-squares fit of one time against the routing features.
-#[derive(Debug, Default)]
-struct Fit {
-    /// Σ w·x·xᵀ, Σ w·x·y and Σ w·y², w decaying by [`FORGET`].
-    xx: [[f64; 4]; 4],
-    xy: [f64; 4],
-    yy: f64,
-}
-
-impl Fit {
-    fn add(&mut self, x: &[f64; 4], y: f64) {
-        for (i, row) in self.xx.iter_mut().enumerate() {
-            for (j, cell) in row.iter_mut().enumerate() {
-                *cell = *cell * FORGET + x[i] * x[j];
-            }
-            self.xy[i] = self.xy[i] * FORGET + x[i] * y;
-        }
-        self.yy = self.yy * FORGET + y * y;
-    }
-
-    /// Coefficient `i` less [`EVIDENCE_SDS`] standard errors, at least zero: the part of a
-    /// slope the observations show beyond their noise.
-    fn evident_slope(&self, i: usize) -> Option<f64> {
-        let beta = self.solve()?;
-        let count = self.xx[0][0];
-        if count <= 8.0 {
-            return None;
-        }
-        let explained: f64 = beta.iter().zip(&self.xy).map(|(b, xy)| b * xy).sum();
-        let variance = ((self.yy - explained) / (count - 4.0)).max(0.0);
-        let mut unit = [0.0; 4];
-        unit[i] = 1.0;
-        let spread = solve(&self.xx, &unit)?[i].max(0.0);
-        Some((beta[i] - EVIDENCE_SDS * (variance * spread).sqrt()).max(0.0))
-    }
-
-    /// The forgetting mean of the fitted time (the first feature is the constant 1).
-    fn mean(&self) -> f64 {
-        if self.xx[0][0] > 0.0 {
-            self.xy[0] / self.xx[0][0]
-        } else {
-            0.0
-        }
-    }
-
-    fn solve(&self) -> Option<[f64; 4]> {
-        solve(&self.xx, &self.xy)
-    }
-}
-
 /// The learner of one router (see the module docs).
 #[derive(Debug)]
 pub(crate) struct Adaptive {
@@ -202,6 +175,12 @@ pub(crate) struct Adaptive {
     /// that knew.
     full_sum: f64,
     full_count: f64,
+    /// Forgetting sums of the chosen rank's share of KV blocks held by running sequences, and
+    /// of the routings that knew it.
+    running_share_sum: f64,
+    running_share_count: f64,
+    /// The decode-stall weight when it last counted as moved.
+    reported_stall: f64,
     pending: HashMap<ReqKey, Pending>,
     decoding: HashMap<ReqKey, Decoding>,
     /// Recent requests per rank, in units of `growth` (lazy exponential decay).
@@ -217,6 +196,7 @@ impl Adaptive {
             weights: LearnedWeights {
                 overlap_score_credit: credit,
                 prefill_load_scale: scale,
+                decode_stall_weight: 0.0,
                 num_observations: 0,
                 num_decodes: 0,
             },
@@ -226,6 +206,9 @@ impl Adaptive {
             running_sum: 0.0,
             full_sum: 0.0,
             full_count: 0.0,
+            running_share_sum: 0.0,
+            running_share_count: 0.0,
+            reported_stall: 0.0,
             pending: HashMap::new(),
             decoding: HashMap::new(),
             counts: HashMap::new(),
@@ -240,8 +223,7 @@ impl Adaptive {
 
     /// A request was routed to `worker` (by this router or a replica): `queued_tokens` of
     /// prefill were already waiting there, it brings `uncached_tokens` of its own, the rank
-    /// held `decode_blocks` and `running` requests, and its cache was `fullness` full (0–1,
-    /// when the index and the rank's size are known).
+    /// held `decode_blocks` and `running` requests, and `cache` says how full its KV cache was.
     pub fn on_routed(
         &mut self,
         key: ReqKey,
@@ -249,12 +231,17 @@ impl Adaptive {
         now: Duration,
         block_size: u32,
         (queued_tokens, uncached_tokens, decode_blocks, running): (u64, u64, u64, u32),
-        fullness: Option<f64>,
+        cache: CacheShares,
     ) {
-        if let Some(fullness) = fullness {
-            let full = if fullness >= FULL_CACHE_AT { 1.0 } else { 0.0 };
+        if let Some(held) = cache.held {
+            let full = if held >= FULL_CACHE_AT { 1.0 } else { 0.0 };
             self.full_sum = self.full_sum * FORGET + full;
             self.full_count = self.full_count * FORGET + 1.0;
+        }
+        if let Some(total) = cache.total_blocks.filter(|&t| t > 0) {
+            let share = (decode_blocks as f64 / total as f64).min(1.0);
+            self.running_share_sum = self.running_share_sum * FORGET + share;
+            self.running_share_count = self.running_share_count * FORGET + 1.0;
         }
         let block = f64::from(block_size.max(1));
         let features = [
@@ -349,12 +336,21 @@ impl Adaptive {
 
     /// Solves the fits and moves the weights when the fitted values left the hysteresis band.
     fn refit(&mut self) -> Option<LearnedWeights> {
-        let [_, a, b, delta] = self.ttft.solve()?;
+        self.weights.decode_stall_weight = self.decode_stall_weight();
+        // The stall weight follows the running share continuously; it counts as moved (and is
+        // logged) once it is an eighth of its range away from where it last did.
+        let mut moved = (self.weights.decode_stall_weight - self.reported_stall).abs()
+            >= DECODE_STALL_WEIGHT / 8.0;
+        if moved {
+            self.reported_stall = self.weights.decode_stall_weight;
+        }
+        let Some([_, a, b, delta]) = self.ttft.solve() else {
+            return moved.then_some(self.weights);
+        };
         let costs = self.decode_costs();
         // In time-to-first-token seconds, a queued block costs this request `a` and, through
         // the prefill passes its decode shares, `w·α'`.
         let queued = a + costs.weight * costs.queued;
-        let mut moved = false;
         if self.learns_credit && a > 0.0 && b > 0.0 {
             // Σw·q and Σw·u: the first row of the weighted Gram matrix.
             let queued_behind = if self.ttft.xx[0][2] > 0.0 {
@@ -390,6 +386,18 @@ impl Adaptive {
         moved.then_some(self.weights)
     }
 
+    /// [`DECODE_STALL_WEIGHT`] faded by the mean running share of the chosen ranks' caches.
+    /// Without the ranks' sizes the share counts as zero.
+    fn decode_stall_weight(&self) -> f64 {
+        let running = if self.running_share_count > 0.0 {
+            self.running_share_sum / self.running_share_count
+        } else {
+            0.0
+        };
+        let room = (1.0 - running / MEMORY_BOUND_USAGE).clamp(0.0, 1.0);
+        DECODE_STALL_WEIGHT * room
+    }
+
     /// The share of recent routings that went to a rank whose cache was full (0 when unknown).
     fn full_share(&self) -> f64 {
         if self.full_count > 0.0 {
@@ -419,6 +427,16 @@ impl Adaptive {
     }
 }
 
+/// How full a chosen rank's KV cache was at routing, as far as the router knows.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct CacheShares {
+    /// Blocks the event-fed index holds for the rank over its KV blocks.
+    pub held: Option<f64>,
+    /// The rank's KV blocks (the share of them that running sequences hold follows from the
+    /// decode blocks routed against).
+    pub total_blocks: Option<u64>,
+}
+
 /// How routing features lengthen a request's decode, and what decode time is worth.
 #[derive(Debug, Default, Clone, Copy)]
 struct DecodeCosts {
@@ -440,48 +458,6 @@ fn step(current: &mut f64, target: f64) -> bool {
     let moved = snapped != *current;
     *current = snapped;
     moved
-}
-
-/// Solves `(xx + λI) β = xy` for the 4 coefficients by Gaussian elimination with partial
-/// pivoting; a small ridge `λ` keeps an unobserved direction (no queued prefill yet) at zero.
-fn solve(xx: &[[f64; 4]; 4], xy: &[f64; 4]) -> Option<[f64; 4]> {
-    let trace: f64 = (0..4).map(|i| xx[i][i]).sum();
-    if !(trace.is_finite() && trace > 0.0) {
-        return None;
-    }
-    // Not on the intercept: a ridge there would shift the mean time onto the slopes.
-    let ridge = trace * 1e-12;
-    let mut m = [[0.0; 5]; 4];
-    for i in 0..4 {
-        m[i][..4].copy_from_slice(&xx[i]);
-        if i > 0 {
-            m[i][i] += ridge;
-        }
-        m[i][4] = xy[i];
-    }
-    for col in 0..4 {
-        let pivot = (col..4).max_by(|&r, &s| m[r][col].abs().total_cmp(&m[s][col].abs()))?;
-        if m[pivot][col].abs() < f64::MIN_POSITIVE {
-            return None;
-        }
-        m.swap(col, pivot);
-        for row in 0..4 {
-            if row != col {
-                let pivot_row = m[col];
-                let factor = m[row][col] / pivot_row[col];
-                for (cell, p) in m[row][col..].iter_mut().zip(&pivot_row[col..]) {
-                    *cell -= factor * p;
-                }
-            }
-        }
-    }
-    let beta = [
-        m[0][4] / m[0][0],
-        m[1][4] / m[1][1],
-        m[2][4] / m[2][2],
-        m[3][4] / m[3][3],
-    ];
-    beta.iter().all(|b| b.is_finite()).then_some(beta)
 }
 
 #[cfg(test)]

@@ -38,16 +38,27 @@ fn feed_queued(
             start,
             16,
             (q * 16, u * 16, d, 0),
-            learner_fullness(learner),
+            learner_cache(learner),
         );
         learner.on_first_token(&key(id), start + Duration::from_secs_f64(ttft));
     }
 }
 
-/// The cache fullness the feeding helpers report: full or empty as a test set the learner's
-/// sums before (so that feeding keeps them), none otherwise.
-fn learner_fullness(learner: &Adaptive) -> Option<f64> {
-    (learner.full_count > 0.0).then(|| learner.full_share())
+/// The cache shares the feeding helpers report: full or empty as a test set the learner's sums
+/// before (so that feeding keeps them), nothing otherwise.
+fn learner_cache(learner: &Adaptive) -> CacheShares {
+    CacheShares {
+        held: (learner.full_count > 0.0).then(|| learner.full_share()),
+        total_blocks: None,
+    }
+}
+
+/// A rank whose cache the router knows `held` of.
+fn held(held: Option<f64>) -> CacheShares {
+    CacheShares {
+        held,
+        total_blocks: None,
+    }
 }
 
 /// The weight grid's value nearest `x` (quarter octaves).
@@ -133,7 +144,7 @@ fn feed_decoding(learner: &mut Adaptive, rng: &mut Rng, n: u64, running: u32, st
             start,
             16,
             (q * 16, u * 16, d, running),
-            None,
+            CacheShares::default(),
         );
         learner.on_first_token(&key, first);
         learner.on_completed(
@@ -213,6 +224,7 @@ fn too_few_observations_keep_the_starting_weights() {
     );
     let w = learner.weights();
     assert_eq!((w.overlap_score_credit, w.prefill_load_scale), (2.0, 8.0));
+    assert_eq!(w.decode_stall_weight, 0.0);
     // A request that never produced a first token is not an observation.
     learner.on_routed(
         key(999),
@@ -220,7 +232,7 @@ fn too_few_observations_keep_the_starting_weights() {
         Duration::ZERO,
         16,
         (0, 16, 0, 0),
-        None,
+        CacheShares::default(),
     );
     learner.forget(&key(999));
     assert!(
@@ -234,7 +246,7 @@ fn too_few_observations_keep_the_starting_weights() {
         Duration::ZERO,
         16,
         (0, 16, 0, 0),
-        None,
+        CacheShares::default(),
     );
     learner.expire(Duration::from_secs(1));
     assert!(learner.pending.is_empty());
@@ -300,8 +312,60 @@ fn full_caches_raise_the_credit_and_caches_with_room_leave_it() {
     let worker = WorkerKey::new(0, 0);
     let fullness = [Some(0.5), None, Some(FULL_CACHE_AT), Some(0.999), Some(0.9)];
     for (id, fullness) in (0..).zip(fullness) {
-        learner.on_routed(key(id), worker, Duration::ZERO, 16, (0, 16, 0, 0), fullness);
+        learner.on_routed(
+            key(id),
+            worker,
+            Duration::ZERO,
+            16,
+            (0, 16, 0, 0),
+            held(fullness),
+        );
     }
     let share = learner.full_share();
     assert!((share - 0.5).abs() < 0.01, "{share}");
+}
+
+/// Feeds `n` first tokens of a load whose routed ranks held `decode_blocks` of `total_blocks`
+/// (queued and uncached blocks random, times from fixed rates).
+fn feed_running(
+    learner: &mut Adaptive,
+    rng: &mut Rng,
+    decode_blocks: u64,
+    total_blocks: Option<u64>,
+) {
+    for id in 0..2000 {
+        let (q, u) = (rng.below(64) as u64, rng.below(32) as u64 + 1);
+        let ttft = 0.005 + 0.002 * q as f64 + 0.004 * u as f64 + 0.00001 * decode_blocks as f64;
+        let start = Duration::from_secs(id);
+        let cache = CacheShares {
+            held: None,
+            total_blocks,
+        };
+        let observed = (q * 16, u * 16, decode_blocks, 4);
+        learner.on_routed(
+            key(id),
+            WorkerKey::new(id % 4, 0),
+            start,
+            16,
+            observed,
+            cache,
+        );
+        learner.on_first_token(&key(id), start + Duration::from_secs_f64(ttft));
+    }
+}
+
+#[test]
+fn the_decode_stall_weight_fades_as_running_sequences_fill_the_caches() {
+    let learned = |decode_blocks: u64, total_blocks: Option<u64>| {
+        let mut learner = Adaptive::new(1.0, 1.0);
+        feed_running(&mut learner, &mut Rng::new(3), decode_blocks, total_blocks);
+        learner.weights().decode_stall_weight
+    };
+    // Running sequences hold 0 %, 15 %, 30 % and 60 % of the ranks' blocks.
+    assert_eq!(learned(0, Some(1000)), DECODE_STALL_WEIGHT);
+    assert!((learned(150, Some(1000)) - DECODE_STALL_WEIGHT / 2.0).abs() < 1e-9);
+    assert_eq!(learned(300, Some(1000)), 0.0);
+    assert_eq!(learned(600, Some(1000)), 0.0);
+    // Ranks that never published their size count as having room.
+    assert_eq!(learned(600, None), DECODE_STALL_WEIGHT);
 }

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use kvmesh_kv::{ApproxConfig, ApproxIndex, ApproxPolicy, BlockHasher, WorkerKey};
 
-use crate::adaptive::{Adaptive, KvWeightsMode, LearnedWeights};
+use crate::adaptive::{Adaptive, CacheShares, KvWeightsMode, LearnedWeights};
 use crate::busy::{self, BusyInputs};
 use crate::config::{ApproxCachePolicy, BusyThresholds, ConfigError, RouterConfig, RouterMode};
 use crate::health::WorkerHealth;
@@ -417,17 +417,20 @@ impl RouterCore {
         self.side.as_ref().map(ApproxIndex::num_blocks)
     }
 
-    /// How full a rank's cache is: blocks the event-fed index holds for it over its KV blocks,
-    /// when both are known (the adaptive weights read it).
-    pub(crate) fn cache_fullness(&self, worker: WorkerKey) -> Option<f64> {
-        let total = self
+    /// How full a rank's cache is (the adaptive weights read it): its KV blocks when the worker
+    /// published them, and the share of them the event-fed index holds when it can tell.
+    pub(crate) fn cache_shares(&self, worker: WorkerKey) -> CacheShares {
+        let total_blocks = self
             .workers
-            .get(&worker.worker_id)?
-            .runtime
+            .get(&worker.worker_id)
+            .and_then(|w| w.runtime)
             .and_then(|runtime| runtime.total_kv_blocks)
-            .filter(|&total| total > 0)?;
-        let held = self.primary.as_ref()?.blocks_held(worker)?;
-        Some(held as f64 / total as f64)
+            .filter(|&total| total > 0);
+        let held = total_blocks.and_then(|total| {
+            let held = self.primary.as_ref()?.blocks_held(worker)?;
+            Some(held as f64 / total as f64)
+        });
+        CacheShares { held, total_blocks }
     }
 
     pub(crate) fn key(&self, request_id: &str) -> ReqKey {

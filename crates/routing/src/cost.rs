@@ -42,6 +42,9 @@ pub struct CostWeights {
     /// credit covers its whole prefill (all those holding a shared system prompt) would cost the
     /// same, so a session's own worker would no longer stand out.
     pub floor_adjusted_prefill: bool,
+    /// Weight of the decode-stall term, `max(adjusted_prefill, 0) × active_requests` in units of
+    /// the prefill load scale: learned in the adaptive mode (its module docs), 0 otherwise.
+    pub decode_stall_weight: f64,
 }
 
 /// Everything a decision takes from the config after the per-request override.
@@ -78,10 +81,12 @@ impl EffectiveKv {
             decode_active_request_weight: config.decode_active_request_weight,
             track_prefill_tokens: config.track_prefill_tokens,
             floor_adjusted_prefill: learned.is_none(),
+            decode_stall_weight: 0.0,
         };
         if let Some(learned) = learned {
             weights.overlap_score_credit = learned.overlap_score_credit;
             weights.prefill_load_scale = learned.prefill_load_scale;
+            weights.decode_stall_weight = learned.decode_stall_weight;
         }
         let mut temperature = config.temperature;
         let mut assume_kv_reuse = config.assume_kv_reuse;
@@ -170,8 +175,11 @@ pub struct CostBreakdown {
     pub decay: f64,
     /// Blocks of credit.
     pub credit: f64,
-    /// `max(raw_prefill − credit, 0)`.
+    /// `raw_prefill − credit`, at least 0 unless the weights allow below.
     pub adjusted_prefill: f64,
+    /// Decode steps the pending prefill would share a pass with: `max(adjusted_prefill, 0) ×
+    /// active_requests`, weighted by the decode-stall weight and the prefill load scale.
+    pub decode_stall: f64,
     /// The total.
     pub cost: f64,
 }
@@ -226,7 +234,12 @@ pub fn kv_cost_breakdown(
     } else {
         raw_prefill - credit
     };
+    let decode_stall = weights.prefill_load_scale
+        * weights.decode_stall_weight
+        * adjusted_prefill.max(0.0)
+        * f64::from(candidate.active_requests);
     let cost = weights.prefill_load_scale * adjusted_prefill
+        + decode_stall
         + candidate.decode_blocks as f64
         + weights.decode_active_request_weight * f64::from(candidate.active_requests);
     CostBreakdown {
@@ -234,6 +247,7 @@ pub fn kv_cost_breakdown(
         decay,
         credit,
         adjusted_prefill,
+        decode_stall,
         cost,
     }
 }

@@ -194,6 +194,7 @@ fn learned_weights_let_the_adjusted_prefill_go_below_zero() {
     let learned = crate::adaptive::LearnedWeights {
         overlap_score_credit: 4.0,
         prefill_load_scale: 1.0,
+        decode_stall_weight: 0.0,
         num_observations: 0,
         num_decodes: 0,
     };
@@ -221,6 +222,7 @@ fn lmetric_never_makes_a_fuller_batch_cheaper() {
     let learned = crate::adaptive::LearnedWeights {
         overlap_score_credit: 4.0,
         prefill_load_scale: 1.0,
+        decode_stall_weight: 0.0,
         num_observations: 0,
         num_decodes: 0,
     };
@@ -228,4 +230,41 @@ fn lmetric_never_makes_a_fuller_batch_cheaper() {
     let (light, busy) = (candidate(8, 0), candidate(8, 100));
     assert!(kv_cost_breakdown(&auto, &shape(10), &busy).adjusted_prefill < 0.0);
     assert!(lmetric_cost(&auto, &shape(10), &light) <= lmetric_cost(&auto, &shape(10), &busy));
+}
+
+#[test]
+fn the_decode_stall_term_weighs_pending_prefill_by_the_requests_running() {
+    let learned = crate::adaptive::LearnedWeights {
+        overlap_score_credit: 1.0,
+        prefill_load_scale: 2.0,
+        decode_stall_weight: 0.1,
+        num_observations: 0,
+        num_decodes: 0,
+    };
+    let config = KvRouterConfig::default();
+    let auto = EffectiveKv::with_learned(&config, Some(&learned), None).weights;
+    let crowded = |device: u32, queued_blocks: u64, running: u32| CandidateLoad {
+        active_prefill_tokens: queued_blocks * u64::from(B),
+        active_requests: running,
+        ..candidate(device, 0)
+    };
+    // 10 pending blocks (6 queued, 4 of the request's own after 6 cached) beside 5 running
+    // requests: 2 · 0.1 · 10 · 5 on top of the linear 2 · 10.
+    let terms = kv_cost_breakdown(&auto, &shape(10), &crowded(6, 6, 5));
+    assert_eq!(terms.adjusted_prefill, 10.0);
+    assert!((terms.decode_stall - 10.0).abs() < 1e-9, "{terms:?}");
+    assert!((terms.cost - 30.0).abs() < 1e-9, "{terms:?}");
+    // With the same linear cost, the rank with fewer running requests is cheaper.
+    assert!(kv_cost(&auto, &shape(10), &crowded(6, 6, 1)) < terms.cost);
+    // A prompt its credit covers stalls nothing, and Dynamo's fixed weights have no such term.
+    assert_eq!(
+        kv_cost_breakdown(&auto, &shape(10), &crowded(10, 0, 5)).decode_stall,
+        0.0
+    );
+    let fixed = EffectiveKv::new(&config, None).weights;
+    assert_eq!(fixed.decode_stall_weight, 0.0);
+    assert_eq!(
+        kv_cost_breakdown(&fixed, &shape(10), &crowded(6, 6, 5)).decode_stall,
+        0.0
+    );
 }

@@ -39,7 +39,7 @@ pub mod sync;
 mod tracker;
 pub mod worker;
 
-pub use adaptive::{KvWeightsMode, LearnedWeights};
+pub use adaptive::{DECODE_STALL_WEIGHT, KvWeightsMode, LearnedWeights};
 pub use args::RouterArgs;
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use config::{

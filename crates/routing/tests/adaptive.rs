@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use helpers::{B, config, prompt, stored, worker};
 use kvmesh_kv::{ConcurrentIndex, Tier, WorkerKey};
-use kvmesh_routing::{LearnedWeights, Rng, RouteOutcome, RouteRequest, RouterCore, TerminalPath};
+use kvmesh_routing::{
+    DECODE_STALL_WEIGHT, LearnedWeights, Rng, RouteOutcome, RouteRequest, RouterCore, TerminalPath,
+};
 
 /// Time to first token as a function of the chosen rank's load at routing time, s per block.
 #[derive(Debug, Clone, Copy)]
@@ -320,4 +322,30 @@ fn full_caches_in_the_index_raise_the_learned_credit() {
     let full = learned(router_with_caches(100, 100));
     let tripled = (3.0 * with_room.0, with_room.1);
     assert!(near(full, tripled), "{full:?} vs {tripled:?}");
+}
+
+#[test]
+fn running_sequences_filling_the_caches_fade_the_decode_stall_term() {
+    let truth = Truth {
+        queued: 0.001,
+        uncached: 0.0005,
+        decode: 0.001 / 16.0,
+    };
+    let stall = |total_kv_blocks: u64| {
+        let mut routers = [router_with_caches(total_kv_blocks, 1)];
+        let (mut rng, mut now_us) = (Rng::new(11), 0);
+        drive(&mut routers, &mut rng, &mut now_us, 0, 4000, truth);
+        routers[0]
+            .learned_weights()
+            .map(|w| w.decode_stall_weight)
+            .unwrap_or(f64::NAN)
+    };
+    // The same requests and times: caches far larger than what runs, then caches that the
+    // running requests alone fill.
+    let with_room = stall(10_000_000);
+    assert!(
+        (with_room - DECODE_STALL_WEIGHT).abs() < 1e-3,
+        "{with_room}"
+    );
+    assert_eq!(stall(1), 0.0);
 }

@@ -83,8 +83,8 @@ impl KvWeightSeries {
         let weight = GaugeVec::new(
             Opts::new(
                 "kvmesh_router_kv_weight",
-                "kv cost weight in force (overlap_score_credit, prefill_load_scale); \
-                 learned online with --router-kv-weights auto",
+                "kv cost weight in force (overlap_score_credit, prefill_load_scale, \
+                 decode_stall_weight); learned online with --router-kv-weights auto",
             ),
             &["model", "weight"],
         )?;
@@ -97,14 +97,18 @@ impl KvWeightSeries {
         let weights = router.with_core(|core, _| {
             let kv = &core.config().kv;
             match core.learned_weights() {
-                Some(w) => Some((w.overlap_score_credit, w.prefill_load_scale)),
+                Some(w) => Some((
+                    w.overlap_score_credit,
+                    w.prefill_load_scale,
+                    w.decode_stall_weight,
+                )),
                 None if core.config().mode == kvmesh_routing::RouterMode::Kv => {
-                    Some((kv.overlap_score_credit, kv.prefill_load_scale))
+                    Some((kv.overlap_score_credit, kv.prefill_load_scale, 0.0))
                 }
                 None => None,
             }
         });
-        let Some((credit, scale)) = weights else {
+        let Some((credit, scale, stall)) = weights else {
             return;
         };
         self.weight
@@ -113,6 +117,9 @@ impl KvWeightSeries {
         self.weight
             .with_label_values(&[model, "prefill_load_scale"])
             .set(scale);
+        self.weight
+            .with_label_values(&[model, "decode_stall_weight"])
+            .set(stall);
     }
 
     /// The sampled value of one weight (tests).
@@ -342,6 +349,9 @@ mod tests {
             learned.prefill_load_scale
         );
         assert!(learned.prefill_load_scale > 1.0);
+        // The workers publish no KV block count, so the decode-stall term keeps its full weight.
+        assert_eq!(series.get("m", "decode_stall_weight"), 0.1);
+        assert_eq!(learned.decode_stall_weight, 0.1);
 
         let fixed = RouterCore::new(RouterConfig::with_mode(RouterMode::Kv), "f", 4, 1).unwrap();
         let fixed = SharedRouter::new(fixed, Arc::new(ManualClock::new(Duration::ZERO)));

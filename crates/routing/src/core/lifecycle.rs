@@ -7,6 +7,7 @@ use std::time::Duration;
 use kvmesh_kv::WorkerKey;
 
 use super::{EXPIRY_SWEEP_INTERVAL, RouterCore};
+use crate::adaptive::CacheShares;
 use crate::request::{Dispatched, TerminalPath, Ticket};
 use crate::sync::{SyncEvent, SyncKind};
 use crate::tracker::{ActiveRequest, ReqKey, TrackAdd};
@@ -145,11 +146,11 @@ impl RouterCore {
                 } else {
                     0
                 };
-                let fullness = self
-                    .adaptive
-                    .is_some()
-                    .then(|| self.cache_fullness(event.worker))
-                    .flatten();
+                // Read only for the learner: the index's size is not free to ask for.
+                let cache = match self.adaptive {
+                    Some(_) => self.cache_shares(event.worker),
+                    None => CacheShares::default(),
+                };
                 if let Some(adaptive) = self.adaptive.as_mut() {
                     let observed = (
                         self.tracker.prefill_tokens(event.worker),
@@ -163,7 +164,7 @@ impl RouterCore {
                         now,
                         self.block_size,
                         observed,
-                        fullness,
+                        cache,
                     );
                 }
                 self.tracker.add(
@@ -270,6 +271,7 @@ impl RouterCore {
                 model = %self.model,
                 overlap_score_credit = weights.overlap_score_credit,
                 prefill_load_scale = weights.prefill_load_scale,
+                decode_stall_weight = weights.decode_stall_weight,
                 observations = weights.num_observations,
                 "kv cost weights moved"
             );

@@ -7,6 +7,7 @@ use kvmesh_kv::{OverlapScores, WorkerKey};
 
 use super::RouterCore;
 use super::decide::{Candidate, Plan};
+use crate::adaptive::CacheShares;
 use crate::config::RouterMode;
 use crate::core::PreparedRequest;
 use crate::cost::{CandidateLoad, CostPolicy, EffectiveKv, RequestShape, kv_cost, lmetric_cost};
@@ -228,11 +229,11 @@ impl RouterCore {
             );
         }
         self.health.routed(chosen.worker_id, &key, now);
-        let fullness = self
-            .adaptive
-            .is_some()
-            .then(|| self.cache_fullness(chosen))
-            .flatten();
+        // Read only for the learner: the index's size is not free to ask for.
+        let cache = match self.adaptive {
+            Some(_) => self.cache_shares(chosen),
+            None => CacheShares::default(),
+        };
         if let Some(adaptive) = self.adaptive.as_mut() {
             let observed = (
                 self.tracker.prefill_tokens(chosen),
@@ -240,14 +241,7 @@ impl RouterCore {
                 self.tracker.active_blocks(chosen),
                 self.tracker.requests_on(chosen),
             );
-            adaptive.on_routed(
-                key.clone(),
-                chosen,
-                now,
-                self.block_size,
-                observed,
-                fullness,
-            );
+            adaptive.on_routed(key.clone(), chosen, now, self.block_size, observed, cache);
         }
         self.tracker.add(
             key,

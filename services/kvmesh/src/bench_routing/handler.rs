@@ -180,6 +180,7 @@ impl BenchHandler {
             .map(|w| super::metrics::LearnedWeightsReport {
                 overlap_score_credit: w.overlap_score_credit,
                 prefill_load_scale: w.prefill_load_scale,
+                decode_stall_weight: w.decode_stall_weight,
                 num_observations: w.num_observations,
             })
     }

@@ -86,6 +86,8 @@ pub struct LearnedWeightsReport {
     pub overlap_score_credit: f64,
     /// Weight of prefill blocks against decode blocks.
     pub prefill_load_scale: f64,
+    /// Weight of the decode-stall term (pending prefill × running requests).
+    pub decode_stall_weight: f64,
     /// First tokens the fit saw.
     pub num_observations: u64,
 }

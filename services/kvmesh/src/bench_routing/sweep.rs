@@ -255,8 +255,11 @@ pub fn print(report: &SweepReport) {
     }
     if let Some(weights) = report.modes.get("kv-auto").and_then(|m| m.learned_weights) {
         println!(
-            "kv-auto ended at credit {} / scale {} after {} first tokens",
-            weights.overlap_score_credit, weights.prefill_load_scale, weights.num_observations
+            "kv-auto ended at credit {} / scale {} / decode stall {} after {} first tokens",
+            weights.overlap_score_credit,
+            weights.prefill_load_scale,
+            weights.decode_stall_weight,
+            weights.num_observations
         );
     }
     println!();
