@@ -10,7 +10,8 @@ use crate::adaptive::KvWeightsMode;
 #[derive(Debug, Clone, Args)]
 pub struct AdaptiveArgs {
     /// fixed: `--router-kv-overlap-score-credit` and `--router-prefill-load-scale` as given;
-    /// auto: learned online from observed time to first token, starting from those values, with
+    /// auto: learned online from observed time to first token, starting from those values, plus
+    /// a decode-stall term (pending prefill × running requests) while the caches have room, with
     /// request imbalance bounded (kvmesh).
     #[arg(
         long,
