@@ -304,19 +304,23 @@ fn router_with_caches(total_kv_blocks: u64, held: u64) -> RouterCore {
     core
 }
 
-#[test]
-fn full_caches_in_the_index_raise_the_learned_credit() {
+/// `core` after the same 4000 requests and times as every cache test's.
+fn driven(core: RouterCore) -> RouterCore {
     let truth = Truth {
         queued: 0.001,
         uncached: 0.0005,
         decode: 0.001 / 16.0,
     };
-    let learned = |core: RouterCore| {
-        let mut routers = [core];
-        let (mut rng, mut now_us) = (Rng::new(11), 0);
-        drive(&mut routers, &mut rng, &mut now_us, 0, 4000, truth);
-        weights(&routers[0])
-    };
+    let mut routers = [core];
+    let (mut rng, mut now_us) = (Rng::new(11), 0);
+    drive(&mut routers, &mut rng, &mut now_us, 0, 4000, truth);
+    let [core] = routers;
+    core
+}
+
+#[test]
+fn full_caches_in_the_index_raise_the_learned_credit() {
+    let learned = |core: RouterCore| weights(&driven(core));
     // The same requests and times: caches with room, then caches full (≥ 95 % of their blocks).
     let with_room = learned(router_with_caches(1000, 100));
     let full = learned(router_with_caches(100, 100));
@@ -326,16 +330,8 @@ fn full_caches_in_the_index_raise_the_learned_credit() {
 
 #[test]
 fn running_sequences_filling_the_caches_fade_the_decode_stall_term() {
-    let truth = Truth {
-        queued: 0.001,
-        uncached: 0.0005,
-        decode: 0.001 / 16.0,
-    };
     let stall = |total_kv_blocks: u64| {
-        let mut routers = [router_with_caches(total_kv_blocks, 1)];
-        let (mut rng, mut now_us) = (Rng::new(11), 0);
-        drive(&mut routers, &mut rng, &mut now_us, 0, 4000, truth);
-        routers[0]
+        driven(router_with_caches(total_kv_blocks, 1))
             .learned_weights()
             .map(|w| w.decode_stall_weight)
             .unwrap_or(f64::NAN)
