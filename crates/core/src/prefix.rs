@@ -24,10 +24,11 @@ mod slab;
 /// The prompt's own fields (`size_of::<E>()`) come on top.
 pub const BYTES_PER_ENTRY: usize = 80;
 
-/// Bytes of bound per shard of the key map: the default 256 MiB store splits it 64 ways, one of
-/// 4 MiB or less keeps one map. More shards make each doubling smaller but spread the cuts a
-/// lookup or an insert touches over more maps (docs/benchmarks.md, "The shard count is a trade").
-const BYTES_PER_SHARD: usize = 4 << 20;
+/// Bytes of bound per shard of the key map: the default 256 MiB store splits it 256 ways (the
+/// most), one of 1 MiB or less keeps one map. More shards make each doubling, and the eviction
+/// that pays for it in a full store, smaller; a turn touches only its new cuts, so spreading the
+/// cuts over more maps no longer costs it (docs/benchmarks.md, "The shard count is a trade").
+const BYTES_PER_SHARD: usize = 1 << 20;
 
 /// One cut point of a prompt: the key of the text before it and the prompt's tokens before it.
 /// Equal keys promise equal token prefixes (the key hashes the text, and the cuts lie where the
