@@ -9,6 +9,17 @@ fn defaults() -> CostWeights {
     EffectiveKv::new(&KvRouterConfig::default(), None).weights
 }
 
+/// Weights as the adaptive mode would have learned them.
+fn learned(credit: f64, scale: f64, stall: f64) -> crate::adaptive::LearnedWeights {
+    crate::adaptive::LearnedWeights {
+        overlap_score_credit: credit,
+        prefill_load_scale: scale,
+        decode_stall_weight: stall,
+        num_observations: 0,
+        num_decodes: 0,
+    }
+}
+
 fn shape(blocks: u64) -> RequestShape {
     RequestShape {
         isl: blocks * u64::from(B),
@@ -191,13 +202,7 @@ fn learned_weights_let_the_adjusted_prefill_go_below_zero() {
     // Credit 4: a session's worker holds 8 blocks of a 10-block prompt, two other workers hold
     // its 4-block system prompt. Floored at zero (Dynamo's formula) all three cost the same; the
     // adaptive mode's weights keep the session's worker cheapest.
-    let learned = crate::adaptive::LearnedWeights {
-        overlap_score_credit: 4.0,
-        prefill_load_scale: 1.0,
-        decode_stall_weight: 0.0,
-        num_observations: 0,
-        num_decodes: 0,
-    };
+    let learned = learned(4.0, 1.0, 0.0);
     let config = KvRouterConfig::default();
     let fixed = EffectiveKv::new(&config, None).weights;
     let fixed = CostWeights {
@@ -219,13 +224,7 @@ fn learned_weights_let_the_adjusted_prefill_go_below_zero() {
 fn lmetric_never_makes_a_fuller_batch_cheaper() {
     // With the adaptive mode's weights the adjusted prefill can go below zero; lmetric's product
     // with the batch size must not then favour the worker with more decode blocks.
-    let learned = crate::adaptive::LearnedWeights {
-        overlap_score_credit: 4.0,
-        prefill_load_scale: 1.0,
-        decode_stall_weight: 0.0,
-        num_observations: 0,
-        num_decodes: 0,
-    };
+    let learned = learned(4.0, 1.0, 0.0);
     let auto = EffectiveKv::with_learned(&KvRouterConfig::default(), Some(&learned), None).weights;
     let (light, busy) = (candidate(8, 0), candidate(8, 100));
     assert!(kv_cost_breakdown(&auto, &shape(10), &busy).adjusted_prefill < 0.0);
@@ -234,13 +233,7 @@ fn lmetric_never_makes_a_fuller_batch_cheaper() {
 
 #[test]
 fn the_decode_stall_term_weighs_pending_prefill_by_the_requests_running() {
-    let learned = crate::adaptive::LearnedWeights {
-        overlap_score_credit: 1.0,
-        prefill_load_scale: 2.0,
-        decode_stall_weight: 0.1,
-        num_observations: 0,
-        num_decodes: 0,
-    };
+    let learned = learned(1.0, 2.0, 0.1);
     let config = KvRouterConfig::default();
     let auto = EffectiveKv::with_learned(&config, Some(&learned), None).weights;
     let crowded = |device: u32, queued_blocks: u64, running: u32| CandidateLoad {
