@@ -417,9 +417,13 @@ impl RouterCore {
         self.side.as_ref().map(ApproxIndex::num_blocks)
     }
 
-    /// How full a rank's cache is (the adaptive weights read it): its KV blocks when the worker
-    /// published them, and the share of them the event-fed index holds when it can tell.
+    /// How full a rank's cache is, for the adaptive weights: its KV blocks when the worker
+    /// published them, and the share of them the event-fed index holds when it can tell. Without
+    /// a learner nothing is read (the index's size is not free to ask for).
     pub(crate) fn cache_shares(&self, worker: WorkerKey) -> CacheShares {
+        if self.adaptive.is_none() {
+            return CacheShares::default();
+        }
         let total_blocks = self
             .workers
             .get(&worker.worker_id)

@@ -7,7 +7,6 @@ use std::time::Duration;
 use kvmesh_kv::WorkerKey;
 
 use super::{EXPIRY_SWEEP_INTERVAL, RouterCore};
-use crate::adaptive::CacheShares;
 use crate::request::{Dispatched, TerminalPath, Ticket};
 use crate::sync::{SyncEvent, SyncKind};
 use crate::tracker::{ActiveRequest, ReqKey, TrackAdd};
@@ -146,11 +145,7 @@ impl RouterCore {
                 } else {
                     0
                 };
-                // Read only for the learner: the index's size is not free to ask for.
-                let cache = match self.adaptive {
-                    Some(_) => self.cache_shares(event.worker),
-                    None => CacheShares::default(),
-                };
+                let cache = self.cache_shares(event.worker);
                 if let Some(adaptive) = self.adaptive.as_mut() {
                     let observed = (
                         self.tracker.prefill_tokens(event.worker),

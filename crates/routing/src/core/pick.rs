@@ -7,7 +7,6 @@ use kvmesh_kv::{OverlapScores, WorkerKey};
 
 use super::RouterCore;
 use super::decide::{Candidate, Plan};
-use crate::adaptive::CacheShares;
 use crate::config::RouterMode;
 use crate::core::PreparedRequest;
 use crate::cost::{CandidateLoad, CostPolicy, EffectiveKv, RequestShape, kv_cost, lmetric_cost};
@@ -229,11 +228,7 @@ impl RouterCore {
             );
         }
         self.health.routed(chosen.worker_id, &key, now);
-        // Read only for the learner: the index's size is not free to ask for.
-        let cache = match self.adaptive {
-            Some(_) => self.cache_shares(chosen),
-            None => CacheShares::default(),
-        };
+        let cache = self.cache_shares(chosen);
         if let Some(adaptive) = self.adaptive.as_mut() {
             let observed = (
                 self.tracker.prefill_tokens(chosen),
