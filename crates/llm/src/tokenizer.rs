@@ -39,6 +39,20 @@ impl std::str::FromStr for TokenizerEngine {
     }
 }
 
+impl TokenizerEngine {
+    /// Starts the engine's own helper threads now, on the calling thread, and returns how many
+    /// threads one encode may use (the caller's included). `fastokens` spreads an encode of a
+    /// large input over a process-wide set of threads that it otherwise makes during its first
+    /// encode of any length (the load-time self-check, on whatever thread loads the model); made
+    /// here, they inherit the caller's scheduling priority. The default engine has none.
+    pub fn start_helper_threads(self) -> usize {
+        match self {
+            Self::Default => 1,
+            Self::Fastokens => fastokens::fanout::threads(),
+        }
+    }
+}
+
 impl std::fmt::Display for TokenizerEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {

@@ -51,7 +51,11 @@ impl Preprocess {
         metrics: StageMetrics,
     ) -> std::io::Result<Self> {
         let pool = (workers > 0)
-            .then(|| PreprocessPool::new(workers))
+            .then(|| {
+                PreprocessPool::new(workers, move || {
+                    engine.start_helper_threads();
+                })
+            })
             .transpose()?;
         metrics
             .preprocess_workers

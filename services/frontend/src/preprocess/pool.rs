@@ -5,8 +5,10 @@
 //! cores fairly between them and the pool.
 //!
 //! Jobs wait in a bounded queue; a full queue makes the caller wait (backpressure rather than
-//! unbounded buffering). Threads that a job's code starts (the `fastokens` fan-out pool is made
-//! on its first large encode) inherit the lower priority.
+//! unbounded buffering). Threads that code on a pool thread starts inherit the lower priority:
+//! the pool's `on_start` work, run before [`PreprocessPool::new`] returns, is where the tokenizer
+//! engine's own helper threads are made (the `fastokens` fan-out threads, which would otherwise
+//! be made at normal priority by the first encode, the model's load-time self-check).
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -36,17 +38,25 @@ pub struct PreprocessPool {
 pub struct PoolStopped;
 
 impl PreprocessPool {
-    /// Starts `threads` threads (at least one) at [`NICE_INCREMENT`] below the caller's priority.
-    pub fn new(threads: usize) -> std::io::Result<Self> {
+    /// Starts `threads` threads (at least one) at [`NICE_INCREMENT`] below the caller's priority,
+    /// and runs `on_start` on the first of them, at that priority, before returning.
+    pub fn new(threads: usize, on_start: impl FnOnce() + Send + 'static) -> std::io::Result<Self> {
         let threads = threads.max(1);
         let (jobs, queue) = mpsc::channel::<Job>(threads * QUEUED_PER_THREAD);
         let queue = Arc::new(Mutex::new(queue));
+        let (started, wait_started) = std::sync::mpsc::channel::<()>();
+        let mut on_start: Option<Job> = Some(Box::new(on_start));
         for index in 0..threads {
             let queue = queue.clone();
+            let first = on_start.take().map(|work| (work, started.clone()));
             std::thread::Builder::new()
                 .name(format!("kvmesh-preprocess-{index}"))
                 .spawn(move || {
                     lower_priority();
+                    if let Some((work, started)) = first {
+                        work();
+                        let _ = started.send(());
+                    }
                     loop {
                         let job = queue
                             .lock()
@@ -59,6 +69,9 @@ impl PreprocessPool {
                     }
                 })?;
         }
+        drop(started);
+        // An `on_start` that panicked ends its thread without a word; the pool goes on.
+        let _ = wait_started.recv();
         Ok(Self { jobs, threads })
     }
 
@@ -106,8 +119,17 @@ mod tests {
 
     #[tokio::test]
     async fn jobs_run_on_lower_priority_threads_and_a_panic_ends_only_its_call() {
-        let pool = PreprocessPool::new(2).unwrap();
+        let (started_at, nice_at_start) = std::sync::mpsc::channel();
+        let pool = PreprocessPool::new(2, move || {
+            let _ = started_at.send(current_nice());
+        })
+        .unwrap();
         let here = current_nice();
+        // `on_start` ran on a pool thread, at the pool's priority, before `new` returned.
+        assert_eq!(
+            nice_at_start.try_recv(),
+            Ok((here + NICE_INCREMENT).min(19))
+        );
         let there = pool.run(current_nice).await.unwrap();
         assert_eq!(there, (here + NICE_INCREMENT).min(19));
         let name = pool
