@@ -54,7 +54,8 @@ impl PreprocessPool {
                 .spawn(move || {
                     lower_priority();
                     if let Some((work, started)) = first {
-                        work();
+                        // A panic in it ends only `on_start`: the thread goes on to serve jobs.
+                        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
                         let _ = started.send(());
                     }
                     loop {
@@ -70,7 +71,6 @@ impl PreprocessPool {
                 })?;
         }
         drop(started);
-        // An `on_start` that panicked ends its thread without a word; the pool goes on.
         let _ = wait_started.recv();
         Ok(Self { jobs, threads })
     }
@@ -138,6 +138,9 @@ mod tests {
             .unwrap();
         assert!(name.unwrap().starts_with("kvmesh-preprocess-"));
         assert!(pool.run(|| -> u32 { panic!("boom") }).await.is_err());
+        // A panicking `on_start` leaves its thread serving jobs: one thread, still working.
+        let lone = PreprocessPool::new(1, || panic!("start")).unwrap();
+        assert_eq!(lone.run(|| 7).await.unwrap(), 7);
         let sums = futures::future::join_all((0..20u64).map(|n| pool.run(move || n * 2))).await;
         let total: u64 = sums.into_iter().map(Result::unwrap).sum();
         assert_eq!(total, 380);
